@@ -1,0 +1,59 @@
+"""ctxkit: context management and compression for agent RL training.
+
+Heavy dependencies (torch, transformers, faiss, sentence-transformers) load only when used, so
+`import ctxkit` stays fast. Public names resolve lazily from the module listed in `_PUBLIC`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_PUBLIC: dict[str, str] = {
+    # L0
+    "CtxkitError": "ctxkit.errors",
+    "SCHEMA_VERSION": "ctxkit.events",
+    "EpisodeStart": "ctxkit.events",
+    "Message": "ctxkit.events",
+    "Step": "ctxkit.events",
+    "ToolCall": "ctxkit.events",
+    "ToolResult": "ctxkit.events",
+    "Pin": "ctxkit.events",
+    "Unpin": "ctxkit.events",
+    "Compaction": "ctxkit.events",
+    "StateSnapshot": "ctxkit.events",
+    "EpisodeEnd": "ctxkit.events",
+    # L1
+    "EventLog": "ctxkit.log",
+    "load_tokenizer": "ctxkit.tokenizers",
+    "load_template": "ctxkit.templates",
+    # L2
+    "View": "ctxkit.view",
+    "build_view": "ctxkit.view",
+    "ContextBuilder": "ctxkit.builder",
+    "check_compressor": "ctxkit.compress.check",
+    # L3
+    "render": "ctxkit.render",
+    "IncrementalRenderer": "ctxkit.render",
+    "RenderedContext": "ctxkit.render",
+    "samples": "ctxkit.samples",
+    "replay": "ctxkit.replay",
+    "resume": "ctxkit.replay",
+}
+
+__all__ = sorted(_PUBLIC) + ["__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ctxkit' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -1,0 +1,70 @@
+"""Typed errors. Every failure ctxkit reports on bad input is a `CtxkitError` naming what and where.
+
+L0: imports nothing from ctxkit.
+"""
+
+from __future__ import annotations
+
+
+class CtxkitError(Exception):
+    """Base class of every error ctxkit raises on purpose."""
+
+
+class ConfigError(CtxkitError, ValueError):
+    """A parameter, option or config value is invalid (names the parameter and the allowed values)."""
+
+
+class MessageFormatError(CtxkitError, ValueError):
+    """A chat message is malformed: unknown role, unsupported content type, tool result without a call."""
+
+
+class LogFormatError(CtxkitError):
+    """An event log is malformed or corrupt. `path` and `line` (1-based) say where, when known."""
+
+    def __init__(self, message: str, *, path: str | None = None, line: int | None = None):
+        where = ""
+        if path is not None:
+            where = f"{path}:{line}: " if line is not None else f"{path}: "
+        super().__init__(where + message)
+        self.path = path
+        self.line = line
+
+
+class TornLineError(LogFormatError):
+    """The last line of a log is incomplete (a crash mid-append); `repair()` drops it safely."""
+
+
+class SchemaVersionError(LogFormatError):
+    """The log was written with a schema version this ctxkit cannot read."""
+
+
+class TokenizerError(CtxkitError):
+    """A tokenizer could not be loaded or used."""
+
+
+class TemplateError(CtxkitError):
+    """A chat template is missing, fails its sha256 check, or failed to render (sandbox violations included)."""
+
+
+class RenderError(CtxkitError):
+    """A conversation could not be rendered, or its loss mask could not be derived."""
+
+
+class BudgetError(CtxkitError):
+    """A context does not fit its token budget (e.g. pins plus the fixed prefix exceed it); names the sizes."""
+
+
+class PinViolationError(CtxkitError):
+    """An active pin is missing from a built context."""
+
+
+class InvariantError(CtxkitError):
+    """A built context broke an invariant (orphaned tool call or result, budget overrun, non-determinism)."""
+
+
+class ReplayError(CtxkitError):
+    """A replayed context differs from the recorded one, or the recorded template/tokenizer hash differs."""
+
+
+class StateError(CtxkitError):
+    """An external-state snapshot or restore was refused (unsafe path, link out of the target, size mismatch)."""
