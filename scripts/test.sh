@@ -4,8 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
 . .venv/bin/activate
-pip install -q torch==2.13.0
-pip install -q -e '.[test]'
+pip install -q torch==2.13.0 -e '.[test]'
 if pip list 2>/dev/null | grep -qi '^nvidia-'; then echo "CUDA wheels were pulled in:"; pip list | grep -i '^nvidia-'; exit 1; fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 python -m pytest -q "$@"
