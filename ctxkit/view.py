@@ -1,0 +1,414 @@
+"""The view: what the policy sees at one decision point, rebuilt purely from the event log (L2).
+
+`build_view(events, upto_seq)` turns chat-shaped events into messages (a `Message` as is, a `Step` as an
+assistant message carrying its sampled `token_ids`, a `ToolResult` as a tool message), takes the tools
+from `EpisodeStart`, the active pins from `Pin`/`Unpin`, and applies every recorded `Compaction`'s edits
+in log order, at the point of the log where the compaction was recorded. It never re-runs a compressor,
+so a rebuild from a saved log is exact.
+
+Edit ops (plain JSON-able dicts inside `Compaction.edits`, applied in order):
+
+- `{"op": "drop", "event_ids": [...]}`: remove every message whose provenance names one of the ids.
+- `{"op": "mask", "event_id": id, "text": str}`: replace the content of the message of event `id` by a
+  placeholder (which names the event id and its original size in tokens). Provenance becomes `masked`.
+- `{"op": "truncate", "event_id": id, "text": str}`: replace the content by a shortened text.
+  Provenance becomes `truncated`.
+- `{"op": "summary", "event_ids": [...], "text": str, "role": "user"}`: remove the messages covering
+  any of the ids and insert one summary message (provenance `summary`, naming every covered id) where
+  the first removed message was.
+- `{"op": "retrieved", "event_ids": [...], "text": str, "scores": [...], "role": "user"}`: remove any
+  earlier retrieved block and insert this one (provenance `retrieved`) just before the newest turn: the
+  newest user message, or the assistant message whose tool calls the trailing tool results answer, so
+  calls and results stay adjacent.
+
+Edits accumulate: a later compaction edits the view the earlier ones produced. An edit naming an event
+that is not in the view at that point is a `LogFormatError` naming the compaction.
+
+Pinned block: after the edits, every active pin whose text is no longer verbatim in some message's
+content is listed in one `system` message (provenance `pinned`) right after the leading system
+message (or first, when there is none): `"Pinned constraints:\\n- <text>\\n- <text>"`. It is derived,
+not recorded, so it always reflects the pins active at that point.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, replace
+from typing import Any, Iterable, Literal, Mapping, Sequence
+
+import orjson
+
+from ctxkit.errors import LogFormatError, MessageFormatError
+from ctxkit.events import (
+    Compaction,
+    EpisodeStart,
+    Event,
+    Message,
+    Pin,
+    Step,
+    ToolCall,
+    ToolResult,
+    Unpin,
+    content_text,
+)
+
+How = Literal["verbatim", "masked", "truncated", "summary", "retrieved", "pinned"]
+HOWS: tuple[str, ...] = ("verbatim", "masked", "truncated", "summary", "retrieved", "pinned")
+EDIT_OPS: tuple[str, ...] = ("drop", "mask", "truncate", "summary", "retrieved")
+"""The edit ops a `Compaction` may carry (see the module docstring)."""
+
+PINNED_HEADER = "Pinned constraints:"
+"""First line of the derived pinned block."""
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where a view message comes from."""
+
+    how: How
+    """`verbatim`, `masked`, `truncated`, `summary`, `retrieved` or `pinned`."""
+    event_ids: tuple[str, ...]
+    """The events the message stands for (one for verbatim/masked/truncated; every covered one otherwise)."""
+
+
+@dataclass(frozen=True)
+class ViewMessage:
+    """One message of a view, with its provenance."""
+
+    role: str
+    """`system`, `user`, `assistant` or `tool`."""
+    content: str
+    """Text content."""
+    tool_calls: tuple[ToolCall, ...] = ()
+    """Tool calls of an assistant message."""
+    tool_call_id: str | None = None
+    """For a tool message: the call it answers."""
+    name: str | None = None
+    """Author or tool name."""
+    reasoning_content: str | None = None
+    """Assistant reasoning text."""
+    token_ids: tuple[int, ...] | None = None
+    """Sampled ids of a verbatim `Step` (rendered token-in-token-out); None otherwise."""
+    provenance: Provenance = Provenance("verbatim", ())
+    """Which events the message stands for, and how."""
+
+    def to_chat(self) -> dict[str, Any]:
+        """The OpenAI/HF chat dict; carries `"token_ids"` for a sampled assistant turn kept verbatim."""
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = [tc.to_openai() for tc in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            out["name"] = self.name
+        if self.reasoning_content is not None:
+            out["reasoning_content"] = self.reasoning_content
+        if self.token_ids is not None:
+            out["token_ids"] = list(self.token_ids)
+        return out
+
+
+@dataclass(frozen=True)
+class View:
+    """What the policy sees at one decision point."""
+
+    messages: tuple[ViewMessage, ...]
+    """Messages in order, pinned block included."""
+    tools: tuple[Mapping[str, Any], ...]
+    """Tool schemas from `EpisodeStart`."""
+    active_pins: tuple[Pin, ...]
+    """The `Pin` events active at this point, in the order they were recorded."""
+    upto_seq: int | None
+    """Seq of the last event included (None for an empty log)."""
+    hash: str
+    """sha256 over a canonical JSON of the messages (with provenance), tools and active pin ids."""
+
+    def chat(self) -> list[dict[str, Any]]:
+        """The messages as OpenAI/HF chat dicts (what the renderer takes)."""
+        return [m.to_chat() for m in self.messages]
+
+
+# ---------------------------------------------------------------------------------------------- build
+
+
+def message_of(event: Event) -> ViewMessage | None:
+    """The verbatim view message of a chat-shaped event, or None for other events."""
+    if isinstance(event, Message):
+        return ViewMessage(
+            role=event.role,
+            content=content_text(event.content),
+            tool_calls=event.tool_calls,
+            tool_call_id=event.tool_call_id,
+            name=event.name,
+            reasoning_content=event.reasoning_content,
+            provenance=Provenance("verbatim", (event.id or "",)),
+        )
+    if isinstance(event, Step):
+        return ViewMessage(
+            role="assistant",
+            content=content_text(event.content),
+            tool_calls=event.tool_calls,
+            reasoning_content=event.reasoning_content,
+            token_ids=tuple(event.token_ids) if event.token_ids else None,
+            provenance=Provenance("verbatim", (event.id or "",)),
+        )
+    if isinstance(event, ToolResult):
+        return ViewMessage(
+            role="tool",
+            content=content_text(event.content),
+            tool_call_id=event.tool_call_id,
+            name=event.name,
+            provenance=Provenance("verbatim", (event.id or "",)),
+        )
+    return None
+
+
+class ViewState:
+    """Incremental form of `build_view`: feed events in log order, read `view()` at any point.
+
+    `build_view` is `ViewState().feed(events).view()`; the builder keeps one and feeds only new events.
+    """
+
+    def __init__(self) -> None:
+        self.messages: list[ViewMessage] = []
+        self.tools: tuple[Mapping[str, Any], ...] = ()
+        self.pins: dict[str, Pin] = {}
+        self.upto_seq: int | None = None
+        self.n_events = 0
+        self._call_ids: set[str] = set()
+        self._cached: View | None = None
+
+    def feed(self, events: Iterable[Event]) -> "ViewState":
+        """Apply events in order (each must come after the last one fed)."""
+        for event in events:
+            self._feed_one(event)
+        return self
+
+    def _feed_one(self, event: Event) -> None:
+        self._cached = None
+        self.n_events += 1
+        self.upto_seq = event.seq
+        if isinstance(event, EpisodeStart):
+            self.tools = tuple(event.tools)
+            return
+        if isinstance(event, Pin):
+            self.pins[event.pin_id] = event
+            return
+        if isinstance(event, Unpin):
+            self.pins.pop(event.pin_id, None)
+            return
+        if isinstance(event, Compaction):
+            self.messages = apply_edits_to_list(self.messages, event.edits, where=_where(event))
+            return
+        msg = message_of(event)
+        if msg is None:
+            return
+        if msg.role == "tool":
+            if msg.tool_call_id not in self._call_ids:
+                raise MessageFormatError(
+                    f"{_where(event)}: tool result answers call id {msg.tool_call_id!r}, "
+                    "but no earlier assistant message made that call (orphaned tool result)"
+                )
+        for tc in msg.tool_calls:
+            self._call_ids.add(tc.id)
+        self.messages.append(msg)
+
+    def view(self) -> View:
+        """The view of everything fed so far (pinned block derived, hash computed)."""
+        if self._cached is None:
+            self._cached = make_view(self.messages, self.tools, tuple(self.pins.values()), self.upto_seq)
+        return self._cached
+
+
+def build_view(events: Sequence[Event] | Any, upto_seq: int | None = None) -> View:
+    """The view after every event with `seq <= upto_seq` (all events when None). Pure.
+
+    `events` is a sequence of events or anything with an `events()` method (an `EventLog`).
+    """
+    if hasattr(events, "events") and callable(events.events):
+        events = events.events()
+    state = ViewState()
+    for event in events:
+        if upto_seq is not None and event.seq is not None and event.seq > upto_seq:
+            break
+        state._feed_one(event)
+    return state.view()
+
+
+def make_view(
+    messages: Sequence[ViewMessage],
+    tools: Sequence[Mapping[str, Any]],
+    pins: Sequence[Pin],
+    upto_seq: int | None,
+) -> View:
+    """A `View` from messages without a pinned block: derives the pinned block and the hash."""
+    base = [m for m in messages if m.provenance.how != "pinned"]
+    missing = [p for p in pins if not any(p.text in m.content for m in base)]
+    if missing:
+        block = ViewMessage(
+            role="system",
+            content=pinned_block_text([p.text for p in missing]),
+            provenance=Provenance("pinned", tuple(p.id or p.pin_id for p in missing)),
+        )
+        at = 1 if base and base[0].role == "system" else 0
+        base.insert(at, block)
+    msgs = tuple(base)
+    return View(messages=msgs, tools=tuple(tools), active_pins=tuple(pins), upto_seq=upto_seq,
+                hash=view_hash(msgs, tools, [p.pin_id for p in pins]))
+
+
+def pinned_block_text(texts: Sequence[str]) -> str:
+    """The text of the pinned block listing `texts`."""
+    return PINNED_HEADER + "".join(f"\n- {t}" for t in texts)
+
+
+def view_hash(messages: Sequence[ViewMessage], tools: Sequence[Mapping[str, Any]], pin_ids: Sequence[str]) -> str:
+    """sha256 hex over the canonical JSON (sorted keys) of messages with provenance, tools and pin ids."""
+    h = hashlib.sha256(b"ctxkit-view-v1")
+    for m in messages:
+        d = m.to_chat()
+        d["provenance"] = [m.provenance.how, list(m.provenance.event_ids)]
+        h.update(orjson.dumps(d, option=orjson.OPT_SORT_KEYS, default=_jsonable))
+        h.update(b"\n")
+    h.update(orjson.dumps([dict(t) for t in tools], option=orjson.OPT_SORT_KEYS, default=_jsonable))
+    h.update(orjson.dumps(list(pin_ids)))
+    return h.hexdigest()
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, Mapping):
+        return dict(obj)
+    raise TypeError(f"not JSON-able: {type(obj).__name__}")
+
+
+def _where(event: Event) -> str:
+    return f"event {event.id} (seq {event.seq}, {getattr(event, 'kind', '?')})"
+
+
+# ---------------------------------------------------------------------------------------------- edits
+
+
+def apply_edits(view: View, edits: Sequence[Mapping[str, Any]], *, where: str = "edits") -> View:
+    """The view after `edits` (what a `Compaction` carrying them would give). Pure.
+
+    Compressors use it to try candidate edits and measure the result.
+    """
+    base = [m for m in view.messages if m.provenance.how != "pinned"]
+    out = apply_edits_to_list(base, edits, where=where)
+    return make_view(out, view.tools, view.active_pins, view.upto_seq)
+
+
+def apply_edits_to_list(
+    messages: Sequence[ViewMessage], edits: Sequence[Mapping[str, Any]], *, where: str
+) -> list[ViewMessage]:
+    """Apply edit ops to a message list (no pinned block); returns a new list."""
+    msgs = list(messages)
+    for i, edit in enumerate(edits):
+        op = edit.get("op") if isinstance(edit, Mapping) else None
+        here = f"{where}: edit {i} ({op!r})"
+        if op == "drop":
+            ids = _ids(edit, here)
+            kept = [m for m in msgs if not ids.intersection(m.provenance.event_ids)]
+            if len(kept) == len(msgs):
+                raise LogFormatError(f"{here}: none of the event ids {sorted(ids)} is in the view")
+            msgs = kept
+        elif op in ("mask", "truncate"):
+            eid = edit.get("event_id")
+            text = edit.get("text")
+            if not isinstance(eid, str) or not isinstance(text, str):
+                raise LogFormatError(f"{here}: needs a string 'event_id' and a string 'text'")
+            j = _find_single(msgs, eid)
+            if j is None:
+                raise LogFormatError(f"{here}: event {eid!r} is not a single message in the view")
+            how = "masked" if op == "mask" else "truncated"
+            msgs[j] = replace(msgs[j], content=text, token_ids=None, provenance=Provenance(how, (eid,)))
+        elif op == "summary":
+            ids = _ids(edit, here)
+            text = edit.get("text")
+            if not isinstance(text, str):
+                raise LogFormatError(f"{here}: needs a string 'text'")
+            positions = [j for j, m in enumerate(msgs) if ids.intersection(m.provenance.event_ids)]
+            if not positions:
+                raise LogFormatError(f"{here}: none of the event ids {sorted(ids)} is in the view")
+            covered = tuple(edit["event_ids"])
+            summary = ViewMessage(role=str(edit.get("role", "user")), content=text,
+                                  provenance=Provenance("summary", covered))
+            first = positions[0]
+            drop = set(positions)
+            msgs = [m for j, m in enumerate(msgs) if j not in drop]
+            msgs.insert(first, summary)
+        elif op == "retrieved":
+            ids = edit.get("event_ids")
+            text = edit.get("text")
+            if not isinstance(text, str) or not isinstance(ids, (list, tuple)):
+                raise LogFormatError(f"{here}: needs 'event_ids' (a list) and a string 'text'")
+            msgs = [m for m in msgs if m.provenance.how != "retrieved"]
+            block = ViewMessage(role=str(edit.get("role", "user")), content=text,
+                                provenance=Provenance("retrieved", tuple(ids)))
+            msgs.insert(newest_turn_start(msgs), block)
+        else:
+            raise LogFormatError(f"{here}: unknown edit op; known ops: {list(EDIT_OPS)}")
+    return msgs
+
+
+def newest_turn_start(messages: Sequence[ViewMessage]) -> int:
+    """Index where the newest turn starts: the last user message, or the assistant message whose calls the
+    trailing tool results answer; `len(messages)` when the view ends with neither."""
+    j = len(messages)
+    while j > 0 and messages[j - 1].role == "tool":
+        j -= 1
+    if j < len(messages):  # trailing tool results: their call is just before them
+        return max(j - 1, 0)
+    if messages and messages[-1].role == "user":
+        return len(messages) - 1
+    return len(messages)
+
+
+def _ids(edit: Mapping[str, Any], here: str) -> set[str]:
+    ids = edit.get("event_ids")
+    if not isinstance(ids, (list, tuple)) or not ids or not all(isinstance(x, str) for x in ids):
+        raise LogFormatError(f"{here}: needs a non-empty list of string 'event_ids'")
+    return set(ids)
+
+
+def _find_single(msgs: Sequence[ViewMessage], eid: str) -> int | None:
+    for j, m in enumerate(msgs):
+        if m.provenance.event_ids == (eid,) and m.provenance.how in ("verbatim", "masked", "truncated"):
+            return j
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- checks
+
+
+def find_orphans(messages: Sequence[ViewMessage]) -> list[str]:
+    """Descriptions of every orphaned tool call or result in a message list (empty when paired).
+
+    A tool message must answer a call of the nearest assistant message before it, with only tool
+    messages in between; every call of an assistant message must be answered before the next
+    non-tool message (or the end).
+    """
+    problems: list[str] = []
+    pending: dict[str, str] = {}  # call id -> event ids of the calling message
+    open_calls: set[str] = set()
+    in_tool_run = False
+    for m in messages:
+        ev = ",".join(m.provenance.event_ids)
+        if m.role == "tool":
+            if not in_tool_run or m.tool_call_id not in open_calls:
+                problems.append(f"tool result {ev} answers call {m.tool_call_id!r} with no matching call before it")
+            else:
+                open_calls.discard(m.tool_call_id)
+                pending.pop(m.tool_call_id, None)
+            continue
+        for cid, src in pending.items():
+            problems.append(f"tool call {cid!r} of {src} has no result")
+        pending = {}
+        open_calls = set()
+        in_tool_run = bool(m.tool_calls)
+        for tc in m.tool_calls:
+            pending[tc.id] = ev
+            open_calls.add(tc.id)
+    for cid, src in pending.items():
+        problems.append(f"tool call {cid!r} of {src} has no result")
+    return problems
