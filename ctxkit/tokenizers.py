@@ -83,7 +83,7 @@ class Tokenizer:
         id: str,
         kind: str,
         encode_full: Callable[[str], list[int]],
-        encode_piece: Callable[[str, bool], list[int]],
+        encode_piece: Callable[[str, bool], tuple[list[int], list[int]]],
         decode: Callable[[Sequence[int], bool], str],
         special_tokens: Mapping[str, int],
         segmentable: bool,
@@ -164,12 +164,39 @@ class Tokenizer:
         """Ids of one piece of text holding no special token; `at_start` says it begins the text.
 
         Cached by `(piece, at_start)`."""
+        return self.encode_piece_offsets(piece, at_start)[0]
+
+    def encode_piece_offsets(self, piece: str, at_start: bool) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """`(ids, starts)` of one piece: its ids and the character offset (in the piece) where each starts."""
         key = (piece, at_start)
-        ids = self._piece_cache.get(key)
-        if ids is None:
-            ids = tuple(self._encode_piece(piece, at_start))
-            self._piece_cache.put(key, ids)
-        return ids
+        hit = self._piece_cache.get(key)
+        if hit is None:
+            ids, starts = self._encode_piece(piece, at_start)
+            hit = (tuple(ids), tuple(starts))
+            self._piece_cache.put(key, hit)
+        return hit
+
+    def encode_with_offsets(self, text: str, *, at_start: bool = True) -> tuple[list[int], list[int]]:
+        """`(ids, starts)`: `encode_segmented(text)` plus each token's start offset (characters) in `text`."""
+        ids: list[int] = []
+        starts: list[int] = []
+        if not self.segmentable:
+            if not at_start:
+                raise TokenizerError(f"{self.id}: tokenizer is not segmentable; cannot encode a continuation")
+            return self._encode_piece(text, True)
+        first = at_start
+        pos = 0
+        for piece, special in self.split_special(text):
+            if special:
+                ids.append(self.special_tokens[piece])
+                starts.append(pos)
+            else:
+                p_ids, p_starts = self.encode_piece_offsets(piece, first)
+                ids.extend(p_ids)
+                starts.extend(pos + s for s in p_starts)
+            pos += len(piece)
+            first = False
+        return ids, starts
 
     def encode_segmented(self, text: str, *, at_start: bool = True) -> list[int]:
         """Same ids as `encode(text)`, computed piece by piece with a cache (exact for segmentable tokenizers).
@@ -186,7 +213,7 @@ class Tokenizer:
             if special:
                 ids.append(self.special_tokens[piece])
             else:
-                ids.extend(self.encode_piece(piece, first))
+                ids.extend(self.encode_piece_offsets(piece, first)[0])
             first = False
         return ids
 
@@ -269,15 +296,18 @@ def _load_hf(spec: str) -> Tokenizer:
     def encode_full(text: str) -> list[int]:
         return backend.encode(text, add_special_tokens=False).ids
 
-    def encode_piece(piece: str, at_start: bool) -> list[int]:
+    def encode_piece(piece: str, at_start: bool) -> tuple[list[int], list[int]]:
         if at_start or anchor is None:
-            return backend.encode(piece, add_special_tokens=False).ids
+            enc = backend.encode(piece, add_special_tokens=False)
+            return enc.ids, [s for s, _ in enc.offsets]
         # Encode as a continuation: behind a special token the piece does not start the text, which
         # matters for Metaspace(prepend_scheme="first"); the anchor's own id is dropped.
-        ids = backend.encode(anchor + piece, add_special_tokens=False).ids
+        enc = backend.encode(anchor + piece, add_special_tokens=False)
+        ids = enc.ids
         if not ids or ids[0] != special[anchor]:
             raise TokenizerError(f"{spec!r}: special token {anchor!r} did not encode to its own id")
-        return ids[1:]
+        shift = len(anchor)
+        return ids[1:], [max(0, s - shift) for s, _ in enc.offsets[1:]]
 
     def decode(ids: Sequence[int], skip: bool) -> str:
         return backend.decode(ids, skip_special_tokens=skip)
@@ -418,8 +448,11 @@ def _load_tiktoken(spec: str) -> Tokenizer:
     def encode_full(text: str) -> list[int]:
         return enc.encode(text, allowed_special="all")
 
-    def encode_piece(piece: str, at_start: bool) -> list[int]:
-        return enc.encode_ordinary(piece)
+    def encode_piece(piece: str, at_start: bool) -> tuple[list[int], list[int]]:
+        ids = enc.encode_ordinary(piece)
+        if not ids:
+            return ids, []
+        return ids, list(enc.decode_with_offsets(ids)[1])
 
     def decode(ids: Sequence[int], skip: bool) -> str:
         if skip:
