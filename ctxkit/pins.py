@@ -1,0 +1,122 @@
+"""Pins: constraints that must stay verbatim in every context while active (L2).
+
+Explicit pins are `Pin` events (rule `explicit`); an `Unpin` retires one. The rule-based detector finds
+constraint sentences in user and system messages (never in tool output, which the policy does not
+author and an attacker might) with a versioned rule set, `constraint-rules-v1`:
+
+- `prohibition`: "do not", "don't", "never", "must not", "mustn't", "should not", "shouldn't",
+  "may not", "cannot", "can't", "avoid";
+- `limit`: "at most", "at least", "no more than", "no fewer than", "no less than", "not more than",
+  "fewer than", "less than", "more than", "within", "up to", "maximum of", "minimum of", "limit(ed) to",
+  "under", "below", "exceed" followed by a number (digits or one..twenty);
+- `obligation`: "must", "always", "make sure", "ensure", "be sure to", "required to", "have to".
+
+A sentence matching several kinds takes the first in that order. The builder records each new detection
+as a `Pin` event (rule `constraint-rules-v1:<kind>`) before using it, so the view stays a pure function
+of the log; a detection whose pin id was ever recorded (even if later unpinned) is not recorded again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from ctxkit.events import Event, Message, Pin, Unpin, content_text
+
+RULESET = "constraint-rules-v1"
+"""Name and version of the detector's rule set (recorded in every detected pin's `rule`)."""
+
+_NUM = r"(?:\d[\d,.]*|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|fifteen|twenty)"
+RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("prohibition", re.compile(
+        r"\b(?:do not|don't|don’t|never|must not|mustn't|should not|shouldn't|may not|cannot|can't|avoid)\b",
+        re.IGNORECASE)),
+    ("limit", re.compile(
+        r"\b(?:at most|at least|no more than|no fewer than|no less than|not more than|fewer than|less than|"
+        r"more than|within|up to|maximum of|minimum of|limit(?:ed)? to|under|below|exceed)\s+" + _NUM + r"\b",
+        re.IGNORECASE)),
+    ("obligation", re.compile(
+        r"\b(?:must|always|make sure|ensure|be sure to|required to|have to)\b", re.IGNORECASE)),
+)
+"""The `constraint-rules-v1` rules, in priority order: (kind, pattern)."""
+
+_SENTENCE = re.compile(r"(?:[^.!?\n]|[.!?](?=[^\s.!?]))+(?:[.!?]+|$)", re.MULTILINE)
+"""A sentence ends at `.`, `!` or `?` followed by whitespace or the end, or at a line break (`parse.py` stays whole)."""
+
+
+@dataclass(frozen=True)
+class Detection:
+    """A constraint sentence found by the detector."""
+
+    text: str
+    """The sentence, exactly as it appears in the message."""
+    source_event_id: str
+    """The message it comes from."""
+    rule: str
+    """`constraint-rules-v1:<kind>` (kind: prohibition, limit, obligation)."""
+    pin_id: str
+    """Deterministic pin id: `pin-` + 12 hex of sha256(source event id, text)."""
+
+    def to_pin(self) -> Pin:
+        """The (un-appended) `Pin` event recording this detection."""
+        return Pin(pin_id=self.pin_id, text=self.text, source_event_id=self.source_event_id, rule=self.rule)
+
+
+def active_pins(events: Iterable[Event]) -> tuple[Pin, ...]:
+    """The pins active after `events` (recorded order), Unpins applied."""
+    pins: dict[str, Pin] = {}
+    for e in events:
+        if isinstance(e, Pin):
+            pins[e.pin_id] = e
+        elif isinstance(e, Unpin):
+            pins.pop(e.pin_id, None)
+    return tuple(pins.values())
+
+
+def split_sentences(text: str) -> list[str]:
+    """Sentences of `text`, each an exact substring, stripped of surrounding whitespace."""
+    out = []
+    for m in _SENTENCE.finditer(text):
+        s = m.group(0).strip()
+        if s:
+            out.append(s)
+    return out
+
+
+def classify(sentence: str) -> str | None:
+    """The constraint kind of a sentence under `constraint-rules-v1`, or None."""
+    for kind, pattern in RULES:
+        if pattern.search(sentence):
+            return kind
+    return None
+
+
+def pin_id_for(source_event_id: str, text: str) -> str:
+    """Deterministic pin id of a detected constraint."""
+    return "pin-" + hashlib.sha256(f"{source_event_id}\x00{text}".encode()).hexdigest()[:12]
+
+
+def detect_constraints(events: Iterable[Event], *, roles: Sequence[str] = ("user", "system")) -> list[Detection]:
+    """Every constraint sentence in the `Message` events with one of `roles`, in log order."""
+    found: list[Detection] = []
+    for e in events:
+        if not isinstance(e, Message) or e.role not in roles or not e.id:
+            continue
+        for sentence in split_sentences(content_text(e.content)):
+            kind = classify(sentence)
+            if kind is not None:
+                found.append(Detection(sentence, e.id, f"{RULESET}:{kind}", pin_id_for(e.id, sentence)))
+    return found
+
+
+def new_detections(events: Sequence[Event], *, start: int = 0) -> list[Detection]:
+    """Detections in `events[start:]` whose pin id was never recorded in `events` (pinned or unpinned)."""
+    seen = {e.pin_id for e in events if isinstance(e, (Pin, Unpin))}
+    out = []
+    for d in detect_constraints(events[start:]):
+        if d.pin_id not in seen:
+            seen.add(d.pin_id)
+            out.append(d)
+    return out
