@@ -11,7 +11,8 @@ pick their per-task script by it; model agents may ignore it), and `params` the 
 experiment config (e.g. `model`, `device`, `temperature`, `max_new_tokens`). Unknown params must raise
 `ConfigError` naming them. A class may also define a classmethod `check_params(params: Mapping) -> None`
 that raises `ConfigError` without loading anything; the runner calls it while validating a config, before
-any episode runs (so a typo fails fast instead of after a model load). The runner keeps one agent per (name, params, task) per worker process and
+any episode runs (so a typo fails fast instead of after a model load), and `check_task(task: str) -> None`
+likewise when the agent cannot play some tasks (the scripted agent has one script per task). The runner keeps one agent per (name, params, task) per worker process and
 calls `close()` when the worker is done.
 
 Timings an agent reports in `AgentTurn.timings` (seconds): `prefill_s` and `decode_s` where it can split
