@@ -1,0 +1,405 @@
+"""The context builder: log -> view -> compaction -> exact token ids, with the invariants checked (L3).
+
+`ContextBuilder.build(log)` records new constraint detections as `Pin` events, asks the compressor for
+a compaction (recorded as a `Compaction` event), renders the resulting view with the generation prompt
+and checks, before returning: every active pin verbatim in the decoded context (`PinViolationError`), no
+orphaned tool call or result (`InvariantError`), the real token count of the final render within the
+budget (`BudgetError`). `rebuild(events, ...)` is the pure replay path: it appends nothing and lands on
+the same ids and hash as the original build.
+
+Per-turn cost stays low: the view is kept incrementally (only new events are fed), token counts are
+cached per text by the tokenizer, renders are cached by view hash (a compressor's last measurement is
+the builder's render), and a view that extends the previous one is rendered incrementally.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Mapping, Sequence
+
+from ctxkit.compress import make_compressor
+from ctxkit.compress.base import CompressionRequest, Compressor, CompressorSpec
+from ctxkit.errors import BudgetError, ConfigError, InvariantError, PinViolationError, ReplayError
+from ctxkit.events import Compaction, EpisodeStart, Event, Pin, Unpin
+from ctxkit.pins import RULESET, detect_constraints
+from ctxkit.view import Provenance, View, ViewMessage, ViewState, build_view, find_orphans, make_view
+
+BUILDER_VERSION = "ctxkit-builder-v1"
+
+
+@dataclass(frozen=True)
+class BuiltContext:
+    """One built context: what to send to the inference engine, and how it was made."""
+
+    token_ids: tuple[int, ...]
+    """The exact prompt ids (generation prompt included)."""
+    loss_mask: tuple[int, ...]
+    """1 on tokens the policy sampled (earlier verbatim steps), 0 elsewhere."""
+    view: View
+    """The view that was rendered."""
+    rendered: Any
+    """The `ctxkit.render.RenderedContext`."""
+    hash: str
+    """`rendered.hash`: what a `Step.context_hash` records."""
+    n_tokens: int
+    """`len(token_ids)`, in real tokens of the final render."""
+    budget: int | None
+    """The budget the context was built for (None when unknown, e.g. a rebuild of a log without one)."""
+    pins_checked: tuple[str, ...]
+    """Ids of the active pins verified verbatim in the decoded context."""
+    compactions: tuple[str, ...] = ()
+    """Ids of the events this build appended (detected pins and the compaction)."""
+    truncated: bool = False
+    """The context is over budget and the compressor was told to mark that instead of failing
+    (`keep-all` with `on_overflow="truncate"`): end the episode `truncated`, cause `context_budget`."""
+
+    @property
+    def ref(self) -> str:
+        """What a `Step` records as its `context_hash` (= `hash`)."""
+        return self.hash
+
+    @cached_property
+    def provenance(self) -> tuple[tuple[int, Provenance | None], ...]:
+        """Per token: (index of the view message, its provenance), or (-1, None) for template scaffold
+        outside any message (e.g. the generation prompt)."""
+        out: list[tuple[int, Provenance | None]] = [(-1, None)] * self.n_tokens
+        msgs = self.view.messages
+        for span in self.rendered.spans:
+            if 0 <= span.index < len(msgs):
+                item = (span.index, msgs[span.index].provenance)
+                out[span.start:span.end] = [item] * (span.end - span.start)
+        return tuple(out)
+
+
+class ContextBuilder:
+    """Builds contexts for one policy: tokenizer, template, compressor and budget fixed.
+
+    `tokenizer` and `template` are spec strings (`load_tokenizer` / `load_template` specs) or loaded
+    objects; `compressor` a registry name, a `CompressorSpec`, a `{"name", "params"}` dict or an instance
+    (with `params` overriding). `budget` is in real tokens of the final render; `reserve_tokens` of it are
+    kept free for the response. `detect_pins` turns on the `constraint-rules-v1` detector.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        template: Any = None,
+        compressor: str | CompressorSpec | Mapping[str, Any] | Compressor = "keep-all",
+        budget: int = 32_768,
+        params: Mapping[str, Any] | None = None,
+        detect_pins: bool = True,
+        reserve_tokens: int = 0,
+    ) -> None:
+        from ctxkit.templates import load_template
+        from ctxkit.tokenizers import load_tokenizer
+
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0:
+            raise ConfigError(f"ContextBuilder: budget is {budget!r}; expected a positive integer (tokens)")
+        if isinstance(reserve_tokens, bool) or not isinstance(reserve_tokens, int) or not 0 <= reserve_tokens < budget:
+            raise ConfigError(f"ContextBuilder: reserve_tokens is {reserve_tokens!r}; expected 0 <= reserve_tokens < budget ({budget})")
+        self.tokenizer = load_tokenizer(tokenizer)
+        self.template_spec = template if (template is None or isinstance(template, str)) else getattr(template, "name", None)
+        self.template = load_template(template, self.tokenizer)
+        self.compressor = make_compressor(compressor, **dict(params or {}))
+        self.budget = budget
+        self.reserve_tokens = reserve_tokens
+        self.detect_pins = detect_pins
+        self._renderer = _RenderCache(self.tokenizer, self.template)
+        self._state: ViewState | None = None
+        self._fed_ids: list[str] = []
+        self._scanned = 0
+        self._seen_pins: set[str] = set()
+        self._prefix_cache: dict[tuple, int] = {}
+
+    # ------------------------------------------------------------------------------------- describe
+
+    @property
+    def effective_budget(self) -> int:
+        """Tokens the context itself may take: `budget - reserve_tokens`."""
+        return self.budget - self.reserve_tokens
+
+    def describe(self) -> dict[str, Any]:
+        """How contexts are built, for `EpisodeStart.context` (enough for `from_description`)."""
+        return {
+            "builder": BUILDER_VERSION,
+            "tokenizer": {"spec": str(self.tokenizer.spec), "id": self.tokenizer.id},
+            "template": {"spec": None if self.template_spec is None else str(self.template_spec), "id": self.template.id},
+            "compressor": self.compressor.spec.to_dict() if hasattr(self.compressor.spec, "to_dict")
+            else {"name": self.compressor.spec.name, "params": dict(self.compressor.spec.params)},
+            "budget": self.budget,
+            "reserve_tokens": self.reserve_tokens,
+            "pin_rules": RULESET if self.detect_pins else None,
+        }
+
+    @classmethod
+    def from_description(cls, desc: Mapping[str, Any], *, tokenizer: Any = None) -> "ContextBuilder":
+        """A builder from `describe()` output; the tokenizer and template ids must match the recorded ones."""
+        try:
+            builder = cls(
+                tokenizer=tokenizer if tokenizer is not None else desc["tokenizer"]["spec"],
+                template=desc["template"]["spec"],
+                compressor=desc["compressor"],
+                budget=desc["budget"],
+                detect_pins=desc.get("pin_rules") is not None,
+                reserve_tokens=desc.get("reserve_tokens", 0),
+            )
+        except (KeyError, TypeError) as exc:
+            raise ConfigError(f"builder description is missing {exc}: {dict(desc)!r}") from None
+        for key, obj in (("tokenizer", builder.tokenizer), ("template", builder.template)):
+            if desc[key].get("id") and desc[key]["id"] != obj.id:
+                raise ReplayError(f"recorded {key} id {desc[key]['id']} differs from the loaded one {obj.id}")
+        return builder
+
+    # ------------------------------------------------------------------------------------- build
+
+    def build(self, log: Any) -> BuiltContext:
+        """Build the context for the next assistant turn of `log` (an `EventLog`), appending detected
+        pins and the compaction (if any) to it."""
+        events = log.events()
+        self._sync(events)
+        appended: list[str] = []
+        if self.detect_pins:
+            new = []
+            for d in detect_constraints(events[self._scanned:]):
+                if d.pin_id not in self._seen_pins:
+                    self._seen_pins.add(d.pin_id)
+                    new.append(d.to_pin())
+            self._scanned = len(events)
+            if new:
+                recorded = log.extend(new)
+                appended += [e.id for e in recorded]
+                events = log.events()
+                self._sync(events)
+        view = self._state.view()
+        budget = self.effective_budget
+        self._check_reserved(view, budget)
+        request = CompressionRequest(
+            view=view, events=events, tokenizer=self.tokenizer, template=self.template, budget=budget,
+            measure=self.measure, pinned_texts=tuple(p.text for p in view.active_pins),
+        )
+        compaction = self.compressor.compact(request)
+        truncated = False
+        if compaction is not None:
+            if not isinstance(compaction, Compaction):
+                raise InvariantError(f"compressor {self.compressor.spec.name} returned {type(compaction).__name__}, not a Compaction")
+            recorded = log.append(compaction)
+            appended.append(recorded.id)
+            truncated = bool(compaction.details.get("overflow"))
+            self._sync(log.events())
+            view = self._state.view()
+        rendered = self._renderer.render(view)
+        ctx = _finish(view, rendered, self.tokenizer, budget, tuple(appended), truncated)
+        if ctx.n_tokens > budget and not truncated:
+            raise BudgetError(
+                f"context is {ctx.n_tokens} tokens of the final render, over the budget of {budget} "
+                f"(budget {self.budget} - reserve {self.reserve_tokens}) after {self.compressor.spec.name}"
+            )
+        return ctx
+
+    def measure(self, view: View) -> int:
+        """Exact token count of the final render of `view` (generation prompt included); cached by view hash."""
+        return len(self._renderer.render(view).token_ids)
+
+    def _sync(self, events: Sequence[Event]) -> None:
+        """Feed events not yet in the incremental view; start over if the log is not the one fed so far."""
+        n = len(self._fed_ids)
+        if self._state is None or len(events) < n or (n and events[n - 1].id != self._fed_ids[-1]):
+            self._state = ViewState()
+            self._fed_ids = []
+            self._scanned = 0
+            self._seen_pins = set()
+            n = 0
+        if n == 0:
+            self._seen_pins = {e.pin_id for e in events if isinstance(e, (Pin, Unpin))}
+        else:
+            self._seen_pins.update(e.pin_id for e in events[n:] if isinstance(e, (Pin, Unpin)))
+        self._state.feed(events[n:])
+        self._fed_ids.extend(e.id for e in events[n:])
+
+    def _check_reserved(self, view: View, budget: int) -> None:
+        """Pins are reserved first: the leading system messages plus every active pin in the pinned block
+        plus the generation prompt must fit, or `BudgetError` names the sizes."""
+        if not view.active_pins:
+            return
+        lead: list[ViewMessage] = []
+        for m in view.messages:
+            if m.role == "system" and m.provenance.how != "pinned":
+                lead.append(m)
+            elif m.provenance.how != "pinned":
+                break
+        key = (tuple(m.content for m in lead), tuple(p.pin_id for p in view.active_pins), budget)
+        size = self._prefix_cache.get(key)
+        if size is None:
+            # pins not verbatim in the leading system messages go to the pinned block
+            prefix_view = make_view(lead, view.tools, view.active_pins, view.upto_seq)
+            size = len(self._renderer.render(prefix_view, cache=False).token_ids)
+            self._prefix_cache[key] = size
+        if size > budget:
+            pin_tokens = sum(self.tokenizer.count(p.text) for p in view.active_pins)
+            raise BudgetError(
+                f"the pinned constraints ({len(view.active_pins)} pins, {pin_tokens} tokens of text) plus the fixed "
+                f"prefix (system messages, tools, generation prompt) take {size} tokens, over the budget of {budget}"
+            )
+
+
+def rebuild(
+    events: Any,
+    *,
+    tokenizer: Any,
+    template: Any = None,
+    upto_seq: int | None = None,
+    budget: int | None = None,
+) -> BuiltContext:
+    """The context of the view after `events[..upto_seq]`, rendered exactly as `build` did. Pure: appends
+    nothing and never runs a compressor. `budget` defaults to the one recorded in `EpisodeStart.context`;
+    it is not enforced (a recorded overflow is reproduced), only reported in `truncated`."""
+    from ctxkit.templates import load_template
+    from ctxkit.tokenizers import load_tokenizer
+
+    if hasattr(events, "events") and callable(events.events):
+        events = events.events()
+    tok = load_tokenizer(tokenizer)
+    tmpl = load_template(template, tok)
+    view = build_view(events, upto_seq)
+    if budget is None:
+        start = next((e for e in events if isinstance(e, EpisodeStart)), None)
+        if start is not None and isinstance(start.context.get("budget"), int):
+            budget = start.context["budget"] - int(start.context.get("reserve_tokens", 0) or 0)
+    rendered = _RenderCache(tok, tmpl).render(view)
+    truncated = budget is not None and len(rendered.token_ids) > budget
+    return _finish(view, rendered, tok, budget, (), truncated)
+
+
+# ---------------------------------------------------------------------------------------------- internals
+
+
+def _finish(view: View, rendered: Any, tok: Any, budget: int | None, appended: tuple[str, ...], truncated: bool) -> BuiltContext:
+    problems = find_orphans(view.messages)
+    if problems:
+        raise InvariantError("orphaned tool messages in the view: " + "; ".join(problems))
+    checked = check_pins(view, rendered, tok)
+    ids = tuple(rendered.token_ids)
+    return BuiltContext(
+        token_ids=ids, loss_mask=tuple(rendered.loss_mask), view=view, rendered=rendered, hash=rendered.hash,
+        n_tokens=len(ids), budget=budget, pins_checked=checked, compactions=appended, truncated=truncated,
+    )
+
+
+def check_pins(view: View, rendered: Any, tok: Any) -> tuple[str, ...]:
+    """Verify every active pin verbatim in the decoded context; returns the pin ids checked.
+
+    Decodes only the span of the message holding the pin when the renderer reports spans, the whole
+    context otherwise (or when the span does not show it, e.g. a template that moves messages)."""
+    checked: list[str] = []
+    full: str | None = None
+    spans = {s.index: s for s in getattr(rendered, "spans", ())}
+    for pin in view.active_pins:
+        where = next((i for i, m in enumerate(view.messages) if pin.text in m.content), None)
+        ok = False
+        if where is not None and where in spans:
+            s = spans[where]
+            ok = pin.text in tok.decode(rendered.token_ids[s.start:s.end])
+        if not ok:
+            if full is None:
+                full = tok.decode(rendered.token_ids)
+            ok = pin.text in full
+        if not ok:
+            raise PinViolationError(
+                f"pin {pin.pin_id} (event {pin.id}, rule {pin.rule}) is not verbatim in the built context: {pin.text!r}"
+            )
+        checked.append(pin.pin_id)
+    return tuple(checked)
+
+
+class _RenderCache:
+    """Renders views with the generation prompt. Results are cached by view hash; a view whose messages
+    extend the last rendered view's (same message objects, in order) is rendered incrementally by H1's
+    `IncrementalRenderer` (only the new text is tokenized), any other view from scratch."""
+
+    def __init__(self, tokenizer: Any, template: Any, size: int = 8):
+        self.tokenizer = tokenizer
+        self.template = template
+        self.size = size
+        self._cache: OrderedDict[str, Any] = OrderedDict()
+        self._base: Any = None  # the IncrementalRenderer of the last view rendered
+        self._base_msgs: tuple[ViewMessage, ...] = ()
+        self._base_tools: tuple[Any, ...] | None = None
+
+    def render(self, view: View, *, cache: bool = True) -> Any:
+        hit = self._cache.get(view.hash) if cache else None
+        if hit is not None:
+            self._cache.move_to_end(view.hash)
+            return hit
+        from ctxkit.render import IncrementalRenderer
+
+        msgs = view.messages
+        n = len(self._base_msgs)
+        extends = (
+            self._base is not None and cache and view.tools == self._base_tools and len(msgs) >= n
+            and all(a is b for a, b in zip(msgs, self._base_msgs))
+        )
+        if extends:
+            renderer = self._base
+        else:
+            renderer = IncrementalRenderer(self.tokenizer, self.template, list(view.tools) or None)
+            n = 0
+        renderer.extend(m.to_chat() for m in msgs[n:])
+        out = renderer.render(add_generation_prompt=True)
+        if cache:
+            self._base, self._base_msgs, self._base_tools = renderer, msgs, view.tools
+            self._cache[view.hash] = out
+            while len(self._cache) > self.size:
+                self._cache.popitem(last=False)
+        return out
+
+
+class MemoryLog:
+    """An in-memory stand-in for `EventLog` (events, append, extend), for what-if builds that must not
+    touch a user's log and for generated test episodes. Ids are deterministic (`e<seq>-<8 hex of the
+    event's JSON>`), so two identical runs give identical logs; events round-trip through JSON exactly
+    as a file log returns them."""
+
+    def __init__(self, events: Sequence[Event] = ()) -> None:
+        self._events: list[Event] = list(events)
+        self._cache: tuple[Event, ...] | None = None
+
+    def events(self) -> tuple[Event, ...]:
+        """Every event, in order."""
+        if self._cache is None:
+            self._cache = tuple(self._events)
+        return self._cache
+
+    def __len__(self) -> int:
+        return len(self._events)
+
+    def __iter__(self):
+        return iter(self.events())
+
+    def append(self, event: Event) -> Event:
+        """Record one event (fills seq, id, ts) and return the recorded copy."""
+        return self.extend([event])[0]
+
+    def extend(self, events: Sequence[Event]) -> list[Event]:
+        """Record several events."""
+        import dataclasses
+        import hashlib
+
+        import orjson
+
+        from ctxkit.events import event_from_dict, event_to_dict
+
+        out = []
+        for event in events:
+            if event.seq is not None or event.id is not None:
+                raise ConfigError(f"{event.kind} event already has seq={event.seq!r}, id={event.id!r}; append new events")
+            seq = len(self._events)
+            body = orjson.dumps(event_to_dict(dataclasses.replace(event, ts=0.0)), option=orjson.OPT_SORT_KEYS)
+            filled = dataclasses.replace(event, seq=seq, id=f"e{seq}-{hashlib.sha256(body).hexdigest()[:8]}",
+                                         ts=event.ts if event.ts is not None else 0.0)
+            recorded = event_from_dict(orjson.loads(orjson.dumps(event_to_dict(filled))))
+            self._events.append(recorded)
+            out.append(recorded)
+        self._cache = None
+        return out
