@@ -377,6 +377,15 @@ class MemoryLog:
     def __iter__(self):
         return iter(self.events())
 
+    def adopt(self, events: Sequence[Event]) -> None:
+        """Add events recorded elsewhere, keeping their ids (seq renumbered to the position here), e.g. a
+        copy of a file log for a what-if build."""
+        import dataclasses
+
+        for event in events:
+            self._events.append(dataclasses.replace(event, seq=len(self._events)))
+        self._cache = None
+
     def append(self, event: Event) -> Event:
         """Record one event (fills seq, id, ts) and return the recorded copy."""
         return self.extend([event])[0]

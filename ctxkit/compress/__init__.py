@@ -50,7 +50,10 @@ def compressor_class(name: str) -> type:
     if target is None:
         raise ConfigError(f"unknown compressor {name!r}; registered compressors: {sorted(COMPRESSORS)}")
     module_name, _, attr = target.partition(":")
-    cls = getattr(importlib.import_module(module_name), attr)
+    try:
+        cls = getattr(importlib.import_module(module_name), attr)
+    except ImportError as exc:  # the module or one of its optional dependencies is not installed
+        raise ConfigError(f"compressor {base!r} is registered as {target} but cannot be imported: {exc}") from exc
     if version is not None and version != cls.VERSION:
         raise ConfigError(f"compressor {name!r}: this ctxkit has {base}-v{cls.VERSION}, not version {version}")
     return cls

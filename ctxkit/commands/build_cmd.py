@@ -1,0 +1,148 @@
+"""`ctxkit compressors` and `ctxkit build`: list strategies, build contexts from a log (L5, thin)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import orjson
+
+from ctxkit.errors import ConfigError
+
+
+def register_compressors(subparsers) -> None:
+    """Add `ctxkit compressors [--json]`."""
+    parser = subparsers.add_parser(
+        "compressors", help="list the registered compressors and their default parameters",
+        description="List every registered compressor with its versioned name and default parameters.")
+    parser.add_argument("--json", action="store_true", help="print {name: {version, params}} as JSON")
+    parser.set_defaults(func=_compressors)
+
+
+def _compressors(args: argparse.Namespace) -> int:
+    from ctxkit.compress import COMPRESSORS, compressor_class, compressor_defaults
+
+    defaults = compressor_defaults()
+    out = {name: {"version": f"{name}-v{compressor_class(name).VERSION}", "params": defaults[name]} for name in COMPRESSORS}
+    if args.json:
+        sys.stdout.write(orjson.dumps(out, option=orjson.OPT_INDENT_2).decode() + "\n")
+        return 0
+    for name, entry in out.items():
+        params = ", ".join(f"{k}={v!r}" for k, v in entry["params"].items())
+        print(f"{entry['version']:<26} {params}")
+    return 0
+
+
+def register_build(subparsers) -> None:
+    """Add `ctxkit build LOG --tokenizer T [--template S] --compressor NAME [--param k=v ...] --budget N ...`."""
+    parser = subparsers.add_parser(
+        "build", help="build the context(s) of a log under a compressor and budget",
+        description="Build contexts from an episode log. Decision points are the positions before each "
+                    "assistant turn (plus the next turn at the end of the log). Without --write the log is "
+                    "not touched: builds run on an in-memory copy whose recorded compactions are dropped "
+                    "(the chosen compressor decides afresh; pins are kept).")
+    parser.add_argument("log", metavar="LOG", help="episode log (.jsonl)")
+    parser.add_argument("--tokenizer", required=True, help="tokenizer folder, hub id or tiktoken:<encoding>")
+    parser.add_argument("--template", default=None, help="chat template (name-vN or .jinja path); default: the tokenizer's own")
+    parser.add_argument("--compressor", default="keep-all", help="registered compressor name (see `ctxkit compressors`)")
+    parser.add_argument("--param", action="append", default=[], metavar="K=V",
+                        help="compressor parameter; V is parsed as JSON when it can be, else kept as a string")
+    parser.add_argument("--budget", type=int, required=True, help="token budget of the final render")
+    parser.add_argument("--reserve-tokens", type=int, default=0, help="tokens of the budget kept for the response")
+    parser.add_argument("--no-detect-pins", action="store_true", help="turn off the constraint-rules-v1 detector")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--step", type=int, default=None, metavar="K",
+                       help="build only before assistant turn K (0-based; default: the next turn after the log)")
+    which.add_argument("--all-steps", action="store_true", help="build at every decision point")
+    parser.add_argument("--write", action="store_true",
+                        help="build the next turn on the log itself, appending detected pins and the compaction")
+    parser.add_argument("--json", action="store_true", help="one JSON object per decision point")
+    parser.set_defaults(func=_build)
+
+
+def parse_params(items: list[str]) -> dict[str, Any]:
+    """`["k=v", ...]` -> dict; values parsed as JSON when possible."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--param {item!r}: expected KEY=VALUE")
+        try:
+            out[key] = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def decision_points(events) -> list[int]:
+    """Indices (into `events`) of every assistant turn: the events before each are one decision point."""
+    from ctxkit.events import Message, Step
+
+    return [i for i, e in enumerate(events)
+            if isinstance(e, Step) or (isinstance(e, Message) and e.role == "assistant")]
+
+
+def _build(args: argparse.Namespace) -> int:
+    from ctxkit.builder import ContextBuilder, MemoryLog
+    from ctxkit.events import Compaction, EpisodeEnd
+    from ctxkit.log import EventLog, read_events
+
+    builder = ContextBuilder(args.tokenizer, args.template, args.compressor, args.budget,
+                             params=parse_params(args.param), detect_pins=not args.no_detect_pins,
+                             reserve_tokens=args.reserve_tokens)
+    if args.write:
+        if args.all_steps or args.step is not None:
+            raise ConfigError("--write builds only the next turn of the log (it is append-only); drop --step/--all-steps")
+        log = EventLog.open(args.log)
+        try:
+            _emit(args, 0, len(log.events()), builder.build(log))
+        finally:
+            log.close()
+        return 0
+    events = [e for e in read_events(args.log) if not isinstance(e, (Compaction, EpisodeEnd))]
+    points = decision_points(events)
+    targets = list(range(len(points) + 1))
+    if args.step is not None:
+        if not 0 <= args.step <= len(points):
+            raise ConfigError(f"--step {args.step}: the log has {len(points)} assistant turn(s); choose 0..{len(points)}")
+        targets = [args.step]
+    elif not args.all_steps:
+        targets = [len(points)]
+    bounds = points + [len(events)]
+    log = MemoryLog()
+    fed = 0
+    for k in range(max(targets) + 1):
+        upto = bounds[k]
+        log.adopt(events[fed:upto])
+        fed = upto
+        ctx = builder.build(log)
+        if k in targets:
+            _emit(args, k, fed, ctx)
+    return 0
+
+
+def _emit(args: argparse.Namespace, step: int, n_events: int, ctx) -> None:
+    if args.json:
+        obj = {
+            "step": step,
+            "n_events_before": n_events,
+            "n_tokens": ctx.n_tokens,
+            "budget": ctx.budget,
+            "token_ids": list(ctx.token_ids),
+            "context_hash": ctx.hash,
+            "view_hash": ctx.view.hash,
+            "pins_checked": list(ctx.pins_checked),
+            "appended": list(ctx.compactions),
+            "truncated": ctx.truncated,
+            "provenance": [[m.provenance.how, list(m.provenance.event_ids)] for m in ctx.view.messages],
+        }
+        sys.stdout.write(orjson.dumps(obj).decode() + "\n")
+        return
+    hows: dict[str, int] = {}
+    for m in ctx.view.messages:
+        hows[m.provenance.how] = hows.get(m.provenance.how, 0) + 1
+    kinds = ", ".join(f"{n} {h}" for h, n in hows.items())
+    print(f"step {step}: {ctx.n_tokens} tokens (budget {ctx.budget}), {len(ctx.view.messages)} messages ({kinds}), "
+          f"{len(ctx.pins_checked)} pin(s) checked, context {ctx.hash[:12]}, view {ctx.view.hash[:12]}"
+          + (" [TRUNCATED]" if ctx.truncated else ""))
