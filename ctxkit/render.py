@@ -1,0 +1,631 @@
+"""Token-exact rendering of a conversation, with a loss mask derived without generation markers (L3).
+
+`render(messages, tokenizer, template=None, tools=None, add_generation_prompt=False)` gives the ids
+`apply_chat_template(messages, tools=tools, tokenize=True, ...)` gives, plus per-token roles, a loss
+mask that is 1 exactly on the tokens the policy produces in each assistant turn (content, tool calls,
+the end-of-turn token) and message spans. `IncrementalRenderer` does the same for a growing
+conversation and tokenizes only the text after the last stable special-token boundary.
+
+How assistant turns are located in the rendered text (never from `{% generation %}` markers):
+
+- *structural* (one render): the template's generation prompt `G` (e.g. `<|im_start|>assistant\\n`)
+  opens every assistant turn and its end-of-turn token `E` closes it. Used when `G` occurs exactly
+  once per assistant turn (plus the final prompt) and no message text contains their special tokens.
+  The produced region is the text after `G` up to and including `E`.
+- *per turn* (otherwise, e.g. Mistral, whose generation prompt is empty): each assistant turn's own
+  text is taken from prefix renders (render of the messages before it with the generation prompt vs.
+  the render with it), cut after `E`, and found in the full render in order. If it cannot be found
+  (the template rewrites the turn), that is a `RenderError`, never an all-zero mask.
+
+Token-in-token-out: an assistant dict may carry `"token_ids"` (the sampled ids). They replace the
+rendered ids of that turn's produced region verbatim; where they differ, a `Drift` is recorded. If
+the sampled ids lack the end-of-turn token (finish by length), the template's end-of-turn token stays
+in the context as scaffold with mask 0.
+"""
+
+from __future__ import annotations
+
+import array
+import bisect
+import hashlib
+import itertools
+import sys
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+from ctxkit.errors import MessageFormatError, RenderError, TemplateError
+from ctxkit.templates import ChatTemplate, _plain, check_template, load_template, normalize_messages
+from ctxkit.tokenizers import Tokenizer, load_tokenizer
+
+MESSAGE_ROLES = ("system", "user", "assistant", "tool")
+TOKEN_ROLES = ("system", "user", "assistant", "tool", "scaffold", "generation_prompt")
+"""Roles a token can have: the role of the message it renders, template scaffold, or a generation prompt."""
+
+
+@dataclass(frozen=True)
+class MessageSpan:
+    """Token range of one message's own text in a rendered context (scaffold around it excluded)."""
+
+    index: int
+    """Index of the message in the list rendered."""
+    role: str
+    """The message's role."""
+    start: int
+    """First token (inclusive)."""
+    end: int
+    """Last token (exclusive); for assistant turns this is the produced region, end-of-turn included."""
+
+
+@dataclass(frozen=True)
+class Drift:
+    """A sampled assistant turn whose ids differ from the template's re-rendering of it."""
+
+    message_index: int
+    """Index of the assistant message."""
+    position: int
+    """Token position (in the rendered context) of the first differing token."""
+    sampled_ids: tuple[int, ...]
+    """The differing run of sampled ids (kept in the context)."""
+    rendered_ids: tuple[int, ...]
+    """The run the template plus tokenizer would have produced in their place."""
+
+
+@dataclass(frozen=True)
+class RenderedContext:
+    """A conversation rendered through a template and tokenizer."""
+
+    token_ids: tuple[int, ...]
+    """The ids, identical to `apply_chat_template(..., tokenize=True)` (sampled ids kept verbatim)."""
+    loss_mask: tuple[int, ...]
+    """1 on tokens the policy produced (assistant turns, end-of-turn included), 0 elsewhere."""
+    roles: tuple[str, ...]
+    """Per token: system | user | assistant | tool | scaffold | generation_prompt."""
+    spans: tuple[MessageSpan, ...]
+    """Token range of each message's own text (empty range if the template drops it)."""
+    drifts: tuple[Drift, ...]
+    """Token-in-token-out drifts: sampled turns the template would tokenize differently."""
+    template_id: str
+    """Id of the template used."""
+    tokenizer_id: str
+    """Id of the tokenizer used."""
+    prefix_preserving: bool
+    """Whether the template is prefix-preserving (see `TemplateReport.prefix_preserving`)."""
+    hash: str
+    """`context_hash(token_ids)`."""
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+
+def context_hash(token_ids: Iterable[int]) -> str:
+    """sha256 hex of `b"ctxkit-context-v1"` followed by the ids as little-endian int32."""
+    arr = array.array("i", token_ids)
+    if arr.itemsize != 4:  # pragma: no cover - exotic platforms
+        arr = array.array("l", token_ids)
+    if sys.byteorder == "big":  # pragma: no cover
+        arr.byteswap()
+    h = hashlib.sha256(b"ctxkit-context-v1")
+    h.update(arr.tobytes())
+    return h.hexdigest()
+
+
+# ------------------------------------------------------------------------------------ validation
+
+
+def _content_text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(part.get("text", "") for part in content)
+
+
+def _validate(message: Any, index: int, call_ids: set[str], vocab_size: int) -> tuple[dict, tuple[int, ...] | None]:
+    """Check one OpenAI message; return it without `token_ids`, and the sampled ids if any."""
+    where = f"message {index}"
+    if not isinstance(message, Mapping):
+        raise MessageFormatError(f"{where}: expected a dict, got {type(message).__name__}")
+    role = message.get("role")
+    if role not in MESSAGE_ROLES:
+        raise MessageFormatError(f"{where}: unknown role {role!r} (expected one of {list(MESSAGE_ROLES)})")
+    content = message.get("content")
+    if isinstance(content, (list, tuple)):
+        for j, part in enumerate(content):
+            if not isinstance(part, Mapping) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
+                raise MessageFormatError(
+                    f"{where}: content part {j} is {kind!r}; only text parts {{'type': 'text', 'text': str}} are supported"
+                )
+    elif content is not None and not isinstance(content, str):
+        raise MessageFormatError(
+            f"{where}: content of type {type(content).__name__} is not supported (a string, None or a list of text parts)"
+        )
+    clean = {k: v for k, v in message.items() if k != "token_ids"}
+    sampled = None
+    if "token_ids" in message and message["token_ids"] is not None:
+        if role != "assistant":
+            raise MessageFormatError(f"{where}: only assistant messages may carry token_ids (role is {role!r})")
+        ids = message["token_ids"]
+        if not isinstance(ids, (list, tuple)) or not all(
+            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab_size for t in ids
+        ):
+            raise MessageFormatError(f"{where}: token_ids must be a list of ids in [0, {vocab_size})")
+        sampled = tuple(ids)
+    if role == "assistant" and message.get("tool_calls") is not None:
+        calls = message["tool_calls"]
+        if not isinstance(calls, (list, tuple)):
+            raise MessageFormatError(f"{where}: tool_calls must be a list, got {type(calls).__name__}")
+        for j, call in enumerate(calls):
+            fn = call.get("function", call) if isinstance(call, Mapping) else None
+            if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
+                raise MessageFormatError(f"{where}: tool call {j} has no function name")
+            if not isinstance(fn.get("arguments", {}), (str, Mapping)):
+                raise MessageFormatError(f"{where}: tool call {j} arguments must be a JSON string or an object")
+            if call.get("id") is not None:
+                call_ids.add(str(call["id"]))
+            else:
+                call_ids.add(f"#anonymous{index}.{j}")
+    if role == "tool":
+        call_id = message.get("tool_call_id")
+        if call_id is not None:
+            if str(call_id) not in call_ids:
+                raise MessageFormatError(
+                    f"{where}: tool result answers tool_call_id {call_id!r}, but no earlier assistant message made that call"
+                )
+        elif not call_ids:
+            raise MessageFormatError(f"{where}: tool result without a tool_call_id and no earlier tool call")
+    return clean, sampled
+
+
+# --------------------------------------------------------------------------------- template info
+
+
+@dataclass(frozen=True)
+class _Info:
+    generation_prompt: str
+    end_of_turn: str | None
+    end_of_turn_id: int | None
+    prefix_preserving: bool
+    markers: tuple[str, ...]
+
+
+_INFO: dict[tuple[str, str], _Info] = {}
+
+
+def _template_info(tok: Tokenizer, tpl: ChatTemplate) -> _Info:
+    key = (tpl.sha256, tok.id)
+    info = _INFO.get(key)
+    if info is None:
+        try:
+            report = check_template(tok, tpl)
+            gp, eot, pp = report.generation_prompt, report.end_of_turn, report.prefix_preserving
+        except TemplateError:
+            gp, eot, pp = "", tok.eos_token, False
+        markers = tuple(
+            sorted({p for p, special in tok.split_special(gp + (eot or "")) if special})
+        )
+        info = _Info(gp, eot, tok.special_tokens.get(eot) if eot else None, pp, markers)
+        _INFO[key] = info
+    return info
+
+
+def _strings(value: Any) -> Iterable[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, Mapping):
+        for v in value.values():
+            yield from _strings(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _strings(v)
+
+
+# ------------------------------------------------------------------------------------- renderer
+
+
+@dataclass
+class _Region:
+    start: int
+    end: int
+    role: str
+    index: int  # message index, -1 for the final generation prompt
+    kind: str  # "content" | "produced" | "header"
+    tokens: tuple[int, int] | None = None  # token range in the rendered (pre-substitution) ids
+
+
+class IncrementalRenderer:
+    """Renders a growing conversation; each `render` tokenizes only text after the last stable
+    special-token boundary and relabels only what changed. Ids equal a full `render` every time."""
+
+    def __init__(self, tokenizer, template: ChatTemplate | str | None = None, tools: Sequence[Mapping] | None = None):
+        self.tokenizer: Tokenizer = load_tokenizer(tokenizer)
+        self.template: ChatTemplate = load_template(template, self.tokenizer)
+        self.tools = None if tools is None else list(tools)
+        self._tools_plain = None if tools is None else _plain(list(tools), "tools")
+        self._info = _template_info(self.tokenizer, self.template)
+        self._compiled = None
+        self._messages: list[dict] = []
+        self._chat: list[dict] = []
+        self._sampled: list[tuple[int, ...] | None] = []
+        self._call_ids: set[str] = set()
+        self._structural_ok = bool(self._info.generation_prompt and self._info.end_of_turn)
+        self._turn_text: dict[int, str] = {}
+        self._special_len = {i: len(t) for t, i in self.tokenizer.special_tokens.items()}
+        # rendered-space state
+        self._text = ""
+        self._ids: list[int] = []
+        self._starts: list[int] = []
+        self._sp_ends: list[int] = []  # char end of each special token, in order
+        self._sp_tok: list[int] = []  # number of tokens up to and including it
+        self._roles: list[str] = []
+        self._mask: list[int] = []
+        self._regions: list[_Region] = []  # message regions in message order, final prompt last
+        self._located = 0  # messages whose regions are in self._regions (in order)
+        self._mode = ""
+
+    def __len__(self) -> int:
+        return len(self._messages)
+
+    @property
+    def messages(self) -> tuple[dict, ...]:
+        """The messages appended so far (as given)."""
+        return tuple(self._messages)
+
+    def append(self, message: Mapping[str, Any]) -> None:
+        """Add one OpenAI message (validated; an assistant may carry sampled `token_ids`)."""
+        index = len(self._messages)
+        clean, sampled = _validate(message, index, self._call_ids, self.tokenizer.vocab_size)
+        chat = normalize_messages([clean])[0]
+        if self._structural_ok and self._info.markers:
+            if any(m in s for s in _strings(chat) for m in self._info.markers):
+                self._structural_ok = False
+        self._messages.append(dict(message))
+        self._chat.append(chat)
+        self._sampled.append(sampled)
+
+    def extend(self, messages: Iterable[Mapping[str, Any]]) -> None:
+        """Append several messages."""
+        for m in messages:
+            self.append(m)
+
+    # -- text ---------------------------------------------------------------------------------
+
+    def _render_text(self, chat: list[dict], agp: bool) -> str:
+        import jinja2
+
+        from ctxkit.templates import _compile
+
+        if self._compiled is None:
+            self._compiled = _compile(self.template.source, self.template.sha256, self.template.name)
+        try:
+            return self._compiled.render(
+                messages=chat,
+                tools=self._tools_plain,
+                documents=None,
+                add_generation_prompt=agp,
+                **self.template.variables,
+            )
+        except jinja2.exceptions.TemplateError as exc:
+            raise TemplateError(f"template {self.template.id}: {exc}") from exc
+        except (TypeError, ValueError, AttributeError, KeyError, IndexError) as exc:
+            raise TemplateError(f"template {self.template.id} failed to render: {type(exc).__name__}: {exc}") from exc
+
+    def _retokenize(self, text: str) -> int:
+        """Bring ids/starts up to date with `text`; return the char offset from which labels may change."""
+        prev = self._text
+        if text.startswith(prev):
+            common = len(prev)
+        else:
+            lo, hi = 0, min(len(text), len(prev))
+            while lo < hi:  # longest common prefix by bisection (memcmp-speed slices)
+                mid = (lo + hi + 1) // 2
+                if text[:mid] == prev[:mid]:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            common = lo
+        if not self.tokenizer.segmentable:
+            ids, starts = self.tokenizer.encode_with_offsets(text)
+            self._ids, self._starts, self._sp_ends, self._sp_tok = ids, starts, [], []
+            self._text = text
+            return 0
+        j = bisect.bisect_right(self._sp_ends, common)
+        b = self._sp_ends[j - 1] if j else 0
+        k = self._sp_tok[j - 1] if j else 0
+        new_ids, new_starts = self.tokenizer.encode_with_offsets(text[b:], at_start=(b == 0))
+        del self._ids[k:], self._starts[k:], self._sp_ends[j:], self._sp_tok[j:]
+        special_len = self._special_len
+        for n, (tid, s) in enumerate(zip(new_ids, new_starts)):
+            length = special_len.get(tid)
+            if length is not None:
+                self._sp_ends.append(b + s + length)
+                self._sp_tok.append(k + n + 1)
+        self._ids.extend(new_ids)
+        self._starts.extend(b + s for s in new_starts) if b else self._starts.extend(new_starts)
+        self._text = text
+        return b
+
+    # -- locating -----------------------------------------------------------------------------
+
+    def _turn(self, i: int) -> str:
+        """Assistant turn i's produced text, from prefix renders (cached)."""
+        text = self._turn_text.get(i)
+        if text is not None:
+            return text
+        eot = self._info.end_of_turn
+        contexts = [self._chat[:i]]
+        if i > 1 and self._chat[0].get("role") == "system":
+            contexts.append(self._chat[1:i])
+        for ctx in contexts:
+            try:
+                before = self._render_text(ctx, True)
+                after = self._render_text(ctx + [self._chat[i]], False)
+            except TemplateError:
+                continue
+            if after.startswith(before):
+                turn = after[len(before) :]
+                if eot and eot in turn:
+                    turn = turn[: turn.index(eot) + len(eot)]
+                if turn:
+                    self._turn_text[i] = turn
+                    return turn
+        raise RenderError(f"message {i}: cannot derive the assistant turn's text from prefix renders of template {self.template.id}")
+
+    def _locate(self, text: str, agp: bool, stable: int) -> int:
+        """Update `self._regions` for `text`; return the char offset from which labels must be redone."""
+        gp = self._info.generation_prompt
+        mode = "turns"
+        if self._structural_ok:
+            n_asst = sum(1 for m in self._chat if m.get("role") == "assistant")
+            if text.count(gp) == n_asst + (1 if agp and text.endswith(gp) else 0):
+                mode = "structural"
+        if mode != self._mode:
+            self._regions, self._located, self._mode = [], 0, mode
+        # Keep the regions of the leading messages that lie wholly in unchanged text.
+        regions = [r for r in self._regions if r.index >= 0]
+        keep = 0
+        pos = 0
+        while keep < self._located:
+            mine = []
+            while pos + len(mine) < len(regions) and regions[pos + len(mine)].index == keep:
+                mine.append(regions[pos + len(mine)])
+            if any(r.end > stable for r in mine):
+                break
+            pos += len(mine)
+            keep += 1
+        kept = regions[:pos]
+        cursor = max((r.end for r in kept if not (r.index == 0 and r.role == "system")), default=0)
+        relabel_from = min(stable, cursor)
+        new: list[_Region] = []
+        try:
+            self._locate_from(text, keep, cursor, mode, new)
+        except _Fallback:
+            self._mode = "turns"
+            kept, new, relabel_from = [], [], 0
+            self._locate_from(text, 0, 0, "turns", new)
+        regions = kept + new
+        if agp and gp and text.endswith(gp):
+            regions.append(_Region(len(text) - len(gp), len(text), "generation_prompt", -1, "header"))
+        self._regions = regions
+        self._located = len(self._chat)
+        return relabel_from
+
+    def _locate_from(self, text: str, first: int, cursor: int, mode: str, out: list[_Region]) -> int:
+        gp, eot = self._info.generation_prompt, self._info.end_of_turn
+        for i in range(first, len(self._chat)):
+            msg = self._chat[i]
+            role = msg.get("role")
+            if role == "assistant":
+                if mode == "structural":
+                    pos = text.find(gp, cursor)
+                    if pos < 0:
+                        raise _Fallback
+                    s = pos + len(gp)
+                    e = text.find(eot, s)
+                    nxt = text.find(gp, s)
+                    if e < 0 or (0 <= nxt < e):
+                        raise _Fallback
+                    e += len(eot)
+                    out.append(_Region(pos, s, "generation_prompt", i, "header"))
+                else:
+                    turn = self._turn(i)
+                    s = text.find(turn, cursor)
+                    if s >= 0:
+                        e = s + len(turn)
+                    elif gp and eot and text.find(gp, cursor) >= 0:
+                        # The template re-renders this turn (e.g. drops its reasoning): take what it
+                        # renders between the next generation prompt and end-of-turn token.
+                        s = text.find(gp, cursor) + len(gp)
+                        e = text.find(eot, s)
+                        if e < 0:
+                            raise RenderError(f"message {i}: no end-of-turn {eot!r} after the assistant header")
+                        e += len(eot)
+                    else:
+                        raise RenderError(
+                            f"message {i}: the assistant turn is not rendered as sampled by template "
+                            f"{self.template.id} (it rewrites history); cannot locate it for the loss mask"
+                        )
+                    if gp and text[max(0, s - len(gp)) : s] == gp:
+                        out.append(_Region(s - len(gp), s, "generation_prompt", i, "header"))
+                out.append(_Region(s, e, "assistant", i, "produced"))
+                cursor = e
+            else:
+                body = _content_text(msg.get("content"))
+                if not body:
+                    continue
+                if i == 0 and role == "system":
+                    pos = text.find(body)
+                    if pos >= 0:
+                        out.append(_Region(pos, pos + len(body), role, i, "content"))
+                    continue
+                pos = text.find(body, cursor)
+                if pos >= 0:
+                    out.append(_Region(pos, pos + len(body), role, i, "content"))
+                    cursor = pos + len(body)
+        return cursor
+
+    # -- output -------------------------------------------------------------------------------
+
+    def _relabel(self, from_char: int) -> None:
+        starts = self._starts
+        t0 = bisect.bisect_left(starts, from_char)
+        n = len(self._ids)
+        del self._roles[t0:], self._mask[t0:]
+        self._roles.extend(["scaffold"] * (n - t0))
+        self._mask.extend([0] * (n - t0))
+        for r in self._regions:
+            if r.end <= from_char and r.tokens is not None:
+                continue
+            if r.kind == "produced":  # the mask covers tokens that start inside the produced text
+                a = bisect.bisect_left(starts, r.start)
+            else:  # a role label also covers a token that starts just before the text (e.g. "▁word")
+                a = max(0, bisect.bisect_right(starts, r.start) - 1)
+                if a < len(starts) and starts[a] < r.start and a + 1 <= len(starts) and self._is_special_at(a):
+                    a += 1
+            z = bisect.bisect_left(starts, r.end, a)
+            r.tokens = (a, z)
+            a = max(a, t0)
+            if z > a:
+                self._roles[a:z] = [r.role] * (z - a)
+                if r.kind == "produced":
+                    self._mask[a:z] = [1] * (z - a)
+
+    def _is_special_at(self, t: int) -> bool:
+        return self._ids[t] in self._special_len
+
+    def render(self, add_generation_prompt: bool = False) -> RenderedContext:
+        """The context for the messages so far (ids equal `apply_chat_template(..., tokenize=True)`)."""
+        text = self._render_text(self._chat, add_generation_prompt)
+        stable = self._retokenize(text)
+        relabel_from = self._locate(text, add_generation_prompt, stable)
+        self._relabel(min(stable, relabel_from))
+        return self._output()
+
+    def _output(self) -> RenderedContext:
+        ids, mask, roles = self._ids, self._mask, self._roles
+        eot_id = self._info.end_of_turn_id
+        drifts: list[Drift] = []
+        pieces_ids: list[list[int]] = []
+        pieces_mask: list[list[int]] = []
+        pieces_roles: list[list[str]] = []
+        sub_ends: list[int] = []  # rendered token index where each substitution ends
+        sub_shift: list[int] = []  # cumulative shift after it
+        span_pos: dict[int, tuple[int, int]] = {}
+        n_produced = 0
+        cut = shift = 0
+        for r in self._regions:
+            if r.kind != "produced":
+                continue
+            n_produced += 1
+            a, z = r.tokens
+            if z <= a:
+                raise RenderError(f"message {r.index}: assistant turn covers no token; cannot derive its loss mask")
+            sampled = self._sampled[r.index]
+            if sampled is None:
+                continue
+            rendered = ids[a:z]
+            out_ids = list(sampled)
+            out_mask = [1] * len(sampled)
+            out_roles = ["assistant"] * len(sampled)
+            compare = rendered
+            if eot_id is not None and (not sampled or sampled[-1] != eot_id) and rendered[-1] == eot_id:
+                compare = rendered[:-1]  # finished by length: the template's end-of-turn stays, as scaffold
+                out_ids.append(eot_id)
+                out_mask.append(0)
+                out_roles.append("scaffold")
+            pos0 = a + shift
+            if list(sampled) != compare:
+                p = 0
+                limit = min(len(sampled), len(compare))
+                while p < limit and sampled[p] == compare[p]:
+                    p += 1
+                q = 0
+                while q < limit - p and sampled[-1 - q] == compare[-1 - q]:
+                    q += 1
+                drifts.append(
+                    Drift(r.index, pos0 + p, tuple(sampled[p : len(sampled) - q]), tuple(compare[p : len(compare) - q]))
+                )
+            pieces_ids += [ids[cut:a], out_ids]
+            pieces_mask += [mask[cut:a], out_mask]
+            pieces_roles += [roles[cut:a], out_roles]
+            span_pos[r.index] = (pos0, pos0 + len(sampled))
+            shift += len(out_ids) - (z - a)
+            sub_ends.append(z)
+            sub_shift.append(shift)
+            cut = z
+        if not pieces_ids:
+            token_ids, loss_mask, token_roles = tuple(ids), tuple(mask), tuple(roles)
+        else:
+            pieces_ids.append(ids[cut:])
+            pieces_mask.append(mask[cut:])
+            pieces_roles.append(roles[cut:])
+            chain = itertools.chain.from_iterable
+            token_ids = tuple(chain(pieces_ids))
+            loss_mask = tuple(chain(pieces_mask))
+            token_roles = tuple(chain(pieces_roles))
+        spans: list[MessageSpan] = []
+        seen: set[int] = set()
+        for r in self._regions:
+            if r.index < 0 or r.kind == "header" or r.index in seen:
+                continue
+            seen.add(r.index)
+            if r.index in span_pos:
+                start, end = span_pos[r.index]
+            else:
+                a, z = r.tokens
+                k = bisect.bisect_right(sub_ends, a)
+                d = sub_shift[k - 1] if k else 0
+                start, end = a + d, z + d
+            spans.append(MessageSpan(r.index, self._chat[r.index]["role"], start, end))
+        if len(seen) < len(self._chat):
+            spans += [MessageSpan(i, m["role"], 0, 0) for i, m in enumerate(self._chat) if i not in seen]
+            spans.sort(key=lambda sp: sp.index)
+        if n_produced and not any(loss_mask):
+            raise RenderError("loss mask is all zero although the conversation has assistant turns")
+        return RenderedContext(
+            token_ids=token_ids,
+            loss_mask=loss_mask,
+            roles=token_roles,
+            spans=tuple(spans),
+            drifts=tuple(drifts),
+            template_id=self.template.id,
+            tokenizer_id=self.tokenizer.id,
+            prefix_preserving=self._info.prefix_preserving,
+            hash=context_hash(token_ids),
+        )
+
+
+class _Fallback(Exception):
+    """Structural location failed for this render; use per-turn location."""
+
+
+def render(
+    messages: Sequence[Mapping[str, Any]],
+    tokenizer,
+    template: ChatTemplate | str | None = None,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    add_generation_prompt: bool = False,
+) -> RenderedContext:
+    """Render OpenAI messages to token ids, loss mask, roles and spans (see module docstring)."""
+    renderer = IncrementalRenderer(tokenizer, template, tools)
+    renderer.extend(messages)
+    return renderer.render(add_generation_prompt=add_generation_prompt)
+
+
+def encode_assistant_turn(
+    message: Mapping[str, Any],
+    tokenizer,
+    template: ChatTemplate | str | None = None,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+) -> tuple[int, ...]:
+    """The ids a policy produces for this assistant message under the template: its content, tool-call
+    formatting and end-of-turn token, exactly the loss-masked ids of the turn."""
+    if not isinstance(message, Mapping) or message.get("role") != "assistant":
+        raise MessageFormatError("encode_assistant_turn needs an assistant message")
+    clean = {k: v for k, v in message.items() if k != "token_ids"}
+    renderer = IncrementalRenderer(tokenizer, template, tools)
+    renderer.append({"role": "user", "content": "Go on."})
+    renderer.append(clean)
+    ctx = renderer.render()
+    span = ctx.spans[1]
+    return ctx.token_ids[span.start : span.end]
