@@ -1,0 +1,103 @@
+"""`ctxkit replay LOG (--verify | --step K)` and `ctxkit samples LOG... -o out.parquet|out.jsonl` (L5, thin)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+
+def register_replay(subparsers: Any) -> None:
+    """Add `ctxkit replay`."""
+    p = subparsers.add_parser(
+        "replay",
+        help="rebuild step contexts from a saved log and verify them against the recorded hashes",
+        description="Rebuild contexts from the saved log alone (recorded compactions, summaries, retrieval "
+        "results; recorded tokenizer and template) and check them against each step's recorded hash.",
+    )
+    p.add_argument("log", help="episode log (.jsonl)")
+    mode = p.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--verify", action="store_true", help="check every step; exit 0 only if all match")
+    mode.add_argument("--step", type=int, metavar="K", help="show step K's rebuilt context (0-based; -1 = last)")
+    p.add_argument("--tokenizer", help="tokenizer spec to use instead of the recorded one (its id must match)")
+    p.add_argument("--template", help="template spec to use instead of the recorded one (its id must match)")
+    p.add_argument("--allow-hash-mismatch", action="store_true",
+                   help="replay even when the tokenizer/template id differs from the recorded one")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_replay)
+
+
+def _result_dict(r: Any) -> dict[str, Any]:
+    out = {"step": r.index, "seq": r.step.seq, "ok": r.ok, "expected_hash": r.expected_hash, "got_hash": r.got_hash,
+           "n_tokens": len(r.token_ids), "error": r.error, "warnings": list(r.warnings)}
+    if r.mismatch is not None:
+        out["mismatch"] = dict(vars(r.mismatch), suspect_events=list(r.mismatch.suspect_events))
+    return out
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from ctxkit.replay import replay, verify_log
+
+    kw = dict(tokenizer=args.tokenizer, template=args.template, allow_hash_mismatch=args.allow_hash_mismatch)
+    if args.verify:
+        result = verify_log(args.log, **kw)
+        if args.json:
+            print(json.dumps({"ok": result.ok, "n_steps": result.n_steps, "n_ok": result.n_ok,
+                              "steps": [_result_dict(r) for r in result.results]}, indent=2))
+        else:
+            for w in (result.results[0].warnings if result.results else ()):
+                print(f"warning: {w}", file=sys.stderr)
+            for r in result.results:
+                if not r.ok:
+                    print(r.describe())
+            status = "ok" if result.ok else "FAILED"
+            print(f"{args.log}: {result.n_ok}/{result.n_steps} steps verify: {status}")
+        return 0 if result.ok else 1
+    r = replay(args.log, step=args.step, **kw)
+    if args.json:
+        out = _result_dict(r)
+        out["token_ids"] = list(r.token_ids)
+        print(json.dumps(out))
+    else:
+        print(r.describe())
+        if r.context is not None:
+            _show_context(r.context)
+    return 0 if r.ok else 1
+
+
+def _show_context(ctx: Any) -> None:
+    """Show a rebuilt context the way `ctxkit inspect` shows a render."""
+    from ctxkit.commands.render_cmd import show_rendered
+
+    show_rendered(ctx.rendered, ctx.view.chat())
+
+
+def register_samples(subparsers: Any) -> None:
+    """Add `ctxkit samples`."""
+    p = subparsers.add_parser(
+        "samples",
+        help="turn episode logs into training samples (Parquet or JSONL)",
+        description="Rebuild and verify every step's context, merge steps whose contexts extend each other, "
+        "and write one row per training sample (shared prefixes stored once; see ctxkit.export).",
+    )
+    p.add_argument("logs", nargs="+", help="episode logs (.jsonl)")
+    p.add_argument("-o", "--output", required=True, help="output file: .parquet or .jsonl")
+    p.add_argument("--inline-prefixes", action="store_true", help="store every row's full tokens (no shared prefixes)")
+    p.add_argument("--tokenizer", help="tokenizer spec to use instead of the recorded one (its id must match)")
+    p.add_argument("--template", help="template spec to use instead of the recorded one (its id must match)")
+    p.set_defaults(func=_samples)
+
+
+def _samples(args: argparse.Namespace) -> int:
+    from ctxkit.export import write_samples
+    from ctxkit.samples import samples
+
+    rows = []
+    for path in args.logs:
+        rows += samples(path, tokenizer=args.tokenizer, template=args.template)
+    out = write_samples(rows, args.output, inline_prefixes=args.inline_prefixes)
+    n_tok = sum(len(s.token_ids) for s in rows)
+    n_loss = sum(s.n_sampled for s in rows)
+    print(f"{out}: {len(rows)} samples from {len(args.logs)} log(s), {n_tok} tokens, {n_loss} loss-bearing")
+    return 0

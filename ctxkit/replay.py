@@ -1,0 +1,270 @@
+"""Replay: rebuild any step's context from the saved log alone and check it against the recorded hash.
+
+`replay(log, step=K)` rebuilds the context step K (0-based, in log order) saw: the view of every event
+before the step, with the recorded compactions, summaries and retrieval results applied as recorded
+(`builder.rebuild`, which never re-runs a compressor), rendered with the recorded tokenizer and template.
+Those come from `EpisodeStart.context` (the builder's `describe()`), or the ones passed, and their ids
+must equal the recorded ids; otherwise `ReplayError`, unless `allow_hash_mismatch=True` (then a warning
+is kept in the result).
+
+Locating the first differing token. A step records only its context's hash and length, not its ids, so
+the first differing token is located from what is known to be true: the previous step's verified
+context followed by the ids it sampled (`P`). When no compaction happened in between and the template is
+prefix-preserving, the recorded context extended `P`, so if the rebuilt ids leave `P` at position i,
+i is the first differing token (expected `P[i]`, got the rebuilt id). When the rebuilt ids do extend `P`,
+the difference lies at or after `len(P)` and the result names the events rendered from there
+(`suspect_events`). Otherwise (first step, compaction in between, history-rewriting template) only the
+lengths and hashes are compared, and that is said.
+
+`verify_log(log)` replays every step. `resume` lives in `ctxkit.resume` and is re-exported here.
+
+L3: imports L0/L1 (`log`, `tokenizers`, `templates`) and `builder`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
+
+from ctxkit.errors import ConfigError, CtxkitError, ReplayError
+from ctxkit.events import Compaction, EpisodeStart, Event, Step
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ctxkit.builder import BuiltContext
+
+__all__ = ["Mismatch", "ReplayResult", "VerifyResult", "load_events", "replay", "replay_steps", "resolve_setup", "verify_log", "resume"]
+
+
+def load_events(log_or_events: Any) -> tuple[tuple[Event, ...], str]:
+    """`(events, header episode id)` of an `EventLog`, a log path, or a sequence of events.
+
+    A path is read and its hash chain verified (`LogFormatError` names the line of any corruption).
+    """
+    if hasattr(log_or_events, "events") and callable(log_or_events.events):
+        return tuple(log_or_events.events()), str(getattr(log_or_events, "episode_id", "") or "")
+    if isinstance(log_or_events, (str, os.PathLike)):
+        from ctxkit.log import read_events, read_header
+
+        events = read_events(log_or_events)
+        return events, str(read_header(log_or_events).get("episode_id", ""))
+    if isinstance(log_or_events, Sequence):
+        return tuple(log_or_events), ""
+    raise ConfigError(f"expected an EventLog, a log path or a sequence of events, got {type(log_or_events).__name__}")
+
+
+def resolve_setup(events: Sequence[Event], *, tokenizer: Any = None, template: Any = None,
+                  allow_hash_mismatch: bool = False) -> tuple[Any, Any, tuple[str, ...]]:
+    """`(tokenizer, template, warnings)` to replay `events` with: the recorded ones from
+    `EpisodeStart.context` unless given; a recorded id that differs from the loaded one is a `ReplayError`
+    unless `allow_hash_mismatch` (then it is a warning)."""
+    from ctxkit.templates import load_template
+    from ctxkit.tokenizers import load_tokenizer
+
+    start = next((e for e in events if isinstance(e, EpisodeStart)), None)
+    desc = dict(start.context) if start is not None else {}
+    rec_tok = desc.get("tokenizer") if isinstance(desc.get("tokenizer"), dict) else {}
+    rec_tpl = desc.get("template") if isinstance(desc.get("template"), dict) else {}
+    if tokenizer is None:
+        if not rec_tok.get("spec"):
+            raise ReplayError("the log records no tokenizer (EpisodeStart.context['tokenizer']['spec']); pass tokenizer=")
+        tokenizer = rec_tok["spec"]
+    tok = load_tokenizer(tokenizer)
+    tpl = load_template(template if template is not None else rec_tpl.get("spec"), tok)
+    warnings = []
+    for what, rec, obj in (("tokenizer", rec_tok, tok), ("template", rec_tpl, tpl)):
+        if rec.get("id") and rec["id"] != obj.id:
+            msg = f"recorded {what} id {rec['id']} differs from the loaded {what} {obj.id}"
+            if not allow_hash_mismatch:
+                raise ReplayError(msg + " (pass allow_hash_mismatch=True / --allow-hash-mismatch to replay anyway)")
+            warnings.append(msg)
+        elif not rec.get("id"):
+            warnings.append(f"the log records no {what} id; replaying with {obj.id}")
+    return tok, tpl, tuple(warnings)
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """How a rebuilt context differs from the recorded one (see the module docstring)."""
+
+    expected_length: int
+    """The recorded `Step.context_length`."""
+    got_length: int
+    """Length of the rebuilt context."""
+    position: int | None
+    """First differing token position, when it can be located; None otherwise."""
+    expected_token: int | None
+    """The recorded token at `position` (None when the recorded context ends there or it is unknown)."""
+    got_token: int | None
+    """The rebuilt token at `position` (None when the rebuilt context ends there or it is unknown)."""
+    verified_prefix: int
+    """Number of leading tokens known to equal the recorded context."""
+    suspect_events: tuple[str, ...]
+    """Ids of the events rendered from `verified_prefix` on: where the difference must lie."""
+
+    def describe(self) -> str:
+        """One line for humans."""
+        lens = f"recorded {self.expected_length} tokens, rebuilt {self.got_length}"
+        if self.position is not None:
+            return (f"first differing token at position {self.position}: expected {self.expected_token}, "
+                    f"got {self.got_token} ({lens})")
+        where = f"; the first {self.verified_prefix} tokens match" if self.verified_prefix else ""
+        sus = f"; the difference lies in events {', '.join(self.suspect_events[:8])}" if self.suspect_events else ""
+        return f"first differing token not locatable from the log ({lens}{where}{sus})"
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """One step replayed."""
+
+    step: Step
+    """The recorded step."""
+    index: int
+    """0-based index of the step among the episode's steps."""
+    ok: bool
+    """True when the rebuilt context's hash equals the recorded `context_hash`."""
+    expected_hash: str
+    """The recorded `context_hash`."""
+    got_hash: str | None
+    """Hash of the rebuilt context (None when the rebuild failed)."""
+    context: "BuiltContext | None"
+    """The rebuilt context (None when the rebuild failed)."""
+    mismatch: Mismatch | None
+    """Where it differs, when `ok` is False and the rebuild succeeded."""
+    error: str | None
+    """Why the rebuild failed (an edit naming a missing event, an orphaned tool result, ...)."""
+    tokenizer_id: str
+    """Id of the tokenizer replayed with."""
+    template_id: str
+    """Id of the template replayed with."""
+    warnings: tuple[str, ...] = ()
+    """Id mismatches that were allowed, missing recorded ids."""
+
+    @property
+    def token_ids(self) -> tuple[int, ...]:
+        """The rebuilt context ids (empty when the rebuild failed)."""
+        return self.context.token_ids if self.context is not None else ()
+
+    def describe(self) -> str:
+        """One line for humans."""
+        head = f"step {self.index} (seq {self.step.seq})"
+        if self.ok:
+            return f"{head}: ok, {len(self.token_ids)} tokens, hash {self.expected_hash[:16]}"
+        if self.error is not None:
+            return f"{head}: rebuild failed: {self.error}"
+        assert self.mismatch is not None
+        return (f"{head}: context hash mismatch (recorded {self.expected_hash[:16]}, rebuilt {str(self.got_hash)[:16]}); "
+                + self.mismatch.describe())
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    """Every step of a log replayed."""
+
+    ok: bool
+    """True only when every step verifies (and there is at least one step)."""
+    n_steps: int
+    """Steps in the log."""
+    n_ok: int
+    """Steps whose rebuilt context matches."""
+    results: tuple[ReplayResult, ...]
+    """Per step, in order."""
+
+    @property
+    def first_failure(self) -> ReplayResult | None:
+        """The first step that does not verify."""
+        return next((r for r in self.results if not r.ok), None)
+
+
+def _suspects(ctx: "BuiltContext", start: int) -> tuple[str, ...]:
+    seen: dict[str, None] = {}
+    for _, prov in ctx.provenance[start:]:
+        if prov is not None:
+            for eid in prov.event_ids:
+                seen.setdefault(eid, None)
+    return tuple(seen)
+
+
+def _mismatch(step: Step, ctx: "BuiltContext", trusted: tuple[int, ...] | None, compactions: tuple[str, ...]) -> Mismatch:
+    got = ctx.token_ids
+    base = dict(expected_length=int(step.context_length), got_length=len(got))
+    locatable = not compactions and bool(getattr(ctx.rendered, "prefix_preserving", False))
+    if trusted is None or not locatable:
+        return Mismatch(**base, position=None, expected_token=None, got_token=None, verified_prefix=0,
+                        suspect_events=compactions + tuple(e for e in _suspects(ctx, 0) if e not in compactions))
+    n = min(len(trusted), len(got))
+    i = next((k for k in range(n) if trusted[k] != got[k]), n)
+    if i == len(trusted):  # the rebuilt context extends the trusted prefix: the difference lies after it
+        return Mismatch(**base, position=None, expected_token=None, got_token=None, verified_prefix=i,
+                        suspect_events=_suspects(ctx, i))
+    return Mismatch(**base, position=i, expected_token=trusted[i], got_token=got[i] if i < len(got) else None,
+                    verified_prefix=i, suspect_events=_suspects(ctx, i))
+
+
+def replay_steps(log_or_events: Any, *, tokenizer: Any = None, template: Any = None,
+                 allow_hash_mismatch: bool = False) -> Iterator[ReplayResult]:
+    """Replay every step in log order, yielding one `ReplayResult` each (a failed rebuild is reported in
+    the result, never raised). Setup errors (no recorded tokenizer, id mismatch) raise `ReplayError`."""
+    from ctxkit.builder import rebuild
+
+    events, _ = load_events(log_or_events)
+    tok, tpl, warnings = resolve_setup(events, tokenizer=tokenizer, template=template, allow_hash_mismatch=allow_hash_mismatch)
+    trusted: tuple[int, ...] | None = None
+    compactions: list[str] = []  # compaction events since the previous step
+    index = 0
+    for pos, event in enumerate(events):
+        if isinstance(event, Compaction):
+            compactions.append(event.id or f"seq {event.seq}")
+            continue
+        if not isinstance(event, Step):
+            continue
+        common = dict(step=event, index=index, expected_hash=event.context_hash, tokenizer_id=tok.id,
+                      template_id=tpl.id, warnings=warnings)
+        index += 1
+        try:
+            ctx = rebuild(events[:pos], tokenizer=tok, template=tpl)
+        except CtxkitError as exc:
+            yield ReplayResult(**common, ok=False, got_hash=None, context=None, mismatch=None,
+                               error=f"{type(exc).__name__}: {exc}")
+            trusted, compactions = None, []
+            continue
+        if ctx.hash == event.context_hash:
+            yield ReplayResult(**common, ok=True, got_hash=ctx.hash, context=ctx, mismatch=None, error=None)
+            trusted = tuple(ctx.token_ids) + tuple(event.token_ids)
+        else:
+            yield ReplayResult(**common, ok=False, got_hash=ctx.hash, context=ctx,
+                               mismatch=_mismatch(event, ctx, trusted, tuple(compactions)), error=None)
+            trusted = None
+        compactions = []
+
+
+def replay(log_or_events: Any, step: int, *, tokenizer: Any = None, template: Any = None,
+           allow_hash_mismatch: bool = False) -> ReplayResult:
+    """Rebuild the context of step `step` (0-based index among the steps; negative counts from the end)
+    from the saved log and verify it against the recorded hash. Earlier steps are replayed too, so a
+    mismatch can name its first differing token (see the module docstring)."""
+    events, _ = load_events(log_or_events)
+    n = sum(1 for e in events if isinstance(e, Step))
+    if isinstance(step, bool) or not isinstance(step, int) or not -n <= step < n:
+        raise ConfigError(f"step={step!r}: the log has {n} step(s); expected an index in [{-n}, {n})" if n else
+                          f"step={step!r}: the log has no steps")
+    k = step % n
+    for result in replay_steps(events, tokenizer=tokenizer, template=template, allow_hash_mismatch=allow_hash_mismatch):
+        if result.index == k:
+            return result
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def verify_log(log_or_events: Any, *, tokenizer: Any = None, template: Any = None,
+               allow_hash_mismatch: bool = False) -> VerifyResult:
+    """Replay every step; `ok` only when all of them verify."""
+    results = tuple(replay_steps(log_or_events, tokenizer=tokenizer, template=template, allow_hash_mismatch=allow_hash_mismatch))
+    n_ok = sum(r.ok for r in results)
+    return VerifyResult(ok=bool(results) and n_ok == len(results), n_steps=len(results), n_ok=n_ok, results=results)
+
+
+def resume(log_path: Any, *args: Any, **kwargs: Any):
+    """See `ctxkit.resume.resume` (re-exported here, as `ctxkit.resume`)."""
+    from ctxkit.resume import resume as _resume
+
+    return _resume(log_path, *args, **kwargs)
