@@ -1,0 +1,339 @@
+"""The A/B runner: validate a config, run the paired grid on local processes or Ray, resume, report (L4).
+
+`run_experiment(config, out_dir, executor="local"|"ray", workers=N, address=None)`:
+
+1. `validate(config)` before any episode: every task is built and given a throwaway episode, every agent
+   class is found and its parameters checked, every compressor is built, the tokenizer and template load,
+   and each arm's opening context (with its pins) is built for each task: a budget too small for the pinned
+   prefix, or an opening context over `max_context`, is a `ConfigError` naming the arm, task and file.
+2. Resume: `OUT/run.json` records the config fingerprint (a different config in the same folder is refused).
+   A row of `OUT/results.jsonl` is kept when its episode log verifies (`log.verify`) and ends with an
+   `EpisodeEnd`; every other episode of the grid is run from scratch, after its partial log (if any) is
+   renamed to `<log>.aborted-<n>` (kept for inspection, never read again). Resuming never calls
+   `replay.resume`: an episode is short, and a clean rerun gives a row identical to an uninterrupted run.
+3. Each finished episode's row is appended to `results.jsonl` and fsynced, in completion order (readers sort
+   by arm, task, seed). Progress shows on stderr with rich.
+4. The report (`report.md`, plots) is written from `results.jsonl`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import tempfile
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+from ctxkit.errors import BudgetError, ConfigError, CtxkitError
+from ctxkit.experiment.config import EpisodeSpec, ExperimentConfig
+from ctxkit.experiment.episode import log_path, run_episode
+
+__all__ = ["validate", "run_experiment", "RunSummary", "read_rows", "EXECUTORS", "config_fingerprint"]
+
+EXECUTORS: tuple[str, ...] = ("local", "ray")
+"""Accepted `executor` values."""
+
+RESULTS = "results.jsonl"
+RUN_INFO = "run.json"
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """What a run did."""
+
+    out_dir: str
+    """The run folder."""
+    total: int
+    """Episodes in the grid."""
+    reused: int
+    """Finished episodes found and kept (resume)."""
+    ran: int
+    """Episodes run now."""
+    aborted_logs: tuple[str, ...]
+    """Partial logs renamed aside."""
+    report: str | None
+    """Path of `report.md`."""
+
+
+def config_fingerprint(config: ExperimentConfig) -> str:
+    """sha256 of everything in the config that changes rows (the path and report settings excluded)."""
+    data = dataclasses.asdict(config)
+    data.pop("path")
+    data.pop("report")
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def validate(config: ExperimentConfig) -> None:
+    """Check everything the grid needs before any episode runs (see the module docstring)."""
+    from ctxkit.builder import ContextBuilder
+    from ctxkit.compress import make_compressor
+    from ctxkit.events import EpisodeStart, message_from_openai
+    from ctxkit.experiment.agents.base import agent_class
+    from ctxkit.experiment.tasks.base import make_task
+    from ctxkit.log import EventLog
+    from ctxkit.tokenizers import load_tokenizer
+
+    path = config.path
+    try:
+        tokenizer = load_tokenizer(config.tokenizer)
+    except CtxkitError as exc:
+        raise ConfigError(f"{path}: tokenizer {config.tokenizer!r} cannot be loaded: {exc}") from None
+    tasks = {t.name: make_task(t.name, t.params, where=path) for t in config.tasks}
+    for ac in config.agents:
+        try:
+            cls = agent_class(ac.kind)
+            if hasattr(cls, "check_params"):
+                cls.check_params(dict(ac.params))
+            if hasattr(cls, "check_task"):
+                for name in tasks:
+                    cls.check_task(name)
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: [agents.{ac.label}]: {exc}") from None
+    for arm in config.arms:
+        try:
+            make_compressor(arm.compressor, **dict(arm.params))
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: arm {arm.name!r}: {exc}") from None
+    with tempfile.TemporaryDirectory(prefix="ctxkit-validate-") as tmp:
+        for arm in config.arms:
+            try:
+                builder = ContextBuilder(tokenizer, config.template, arm.compressor, arm.budget, arm.params,
+                                         detect_pins=arm.pins)
+            except CtxkitError as exc:
+                raise ConfigError(f"{path}: arm {arm.name!r}: {exc}") from None
+            for name, task in tasks.items():
+                where = Path(tmp) / f"{arm.name}-{name}"
+                where.mkdir()
+                episode = task.episode(config.seeds[0], where)
+                log = EventLog.create(where / "log.jsonl", durability="none")
+                try:
+                    log.append(EpisodeStart(episode_id="validate", tools=episode.tools, context=builder.describe()))
+                    log.extend([message_from_openai(m) for m in episode.messages])
+                    try:
+                        ctx = builder.build(log)
+                    except BudgetError as exc:
+                        raise ConfigError(
+                            f"{path}: arm {arm.name!r}, task {name!r}: budget {arm.budget} is too small for the "
+                            f"opening context and its pinned constraints: {exc}"
+                        ) from None
+                finally:
+                    log.close()
+                if ctx.n_tokens > config.limits.max_context:
+                    raise ConfigError(
+                        f"{path}: arm {arm.name!r}, task {name!r}: the opening context is {ctx.n_tokens} tokens, over "
+                        f"[limits] max_context = {config.limits.max_context}"
+                    )
+
+
+# ---------------------------------------------------------------------------------------------- results
+
+
+def read_rows(out_dir: str | Path) -> list[dict[str, Any]]:
+    """Rows of `results.jsonl` (a torn or unparsable last line is ignored; a bad line elsewhere is an error)."""
+    path = Path(out_dir) / RESULTS
+    if not path.exists():
+        return []
+    lines = path.read_bytes().split(b"\n")
+    rows = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i >= len(lines) - 1:  # the last line: a crash mid-append
+                break
+            raise ConfigError(f"{path}:{i}: not a JSON results row") from None
+    return rows
+
+
+def _append_row(out_dir: Path, row: Mapping[str, Any]) -> None:
+    with open(out_dir / RESULTS, "ab") as fh:
+        fh.write(json.dumps(row, sort_keys=True).encode() + b"\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _log_finished(path: Path) -> bool:
+    from ctxkit.log import read_events, verify
+
+    if not path.exists():
+        return False
+    try:
+        if not verify(path).ok:
+            return False
+        events = read_events(path)
+    except CtxkitError:
+        return False
+    return bool(events) and events[-1].kind == "episode_end"
+
+
+def _set_aside(path: Path) -> list[str]:
+    moved = []
+    n = 1
+    while Path(f"{path}.aborted-{n}").exists():
+        n += 1
+    for p in (path, Path(f"{path}.blobs")):
+        if p.exists():
+            target = Path(f"{p}.aborted-{n}")
+            os.replace(p, target)
+            moved.append(str(target))
+    Path(f"{path}.lock").unlink(missing_ok=True)
+    return moved
+
+
+def _prepare(config: ExperimentConfig, out: Path) -> tuple[list[EpisodeSpec], int, list[str]]:
+    """Check the run folder, keep finished rows, set partial logs aside; returns (todo, reused, aborted)."""
+    out.mkdir(parents=True, exist_ok=True)
+    info_path = out / RUN_INFO
+    fp = config_fingerprint(config)
+    if info_path.exists():
+        info = json.loads(info_path.read_text())
+        if info.get("fingerprint") != fp:
+            raise ConfigError(
+                f"{out} holds a run of another config ({info.get('config')}, fingerprint "
+                f"{str(info.get('fingerprint'))[:12]}); use another --out folder"
+            )
+    info = {"config": config.path, "fingerprint": fp, "experiment": dataclasses.asdict(config)}
+    tmp = info_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(info, indent=1, sort_keys=True, default=str))
+    os.replace(tmp, info_path)
+    grid = config.episodes()
+    keys = {s.key for s in grid}
+    kept: dict[str, dict[str, Any]] = {}
+    for row in read_rows(out):
+        key = row.get("episode_id")
+        if key in keys and key not in kept and _log_finished(out / row["log"]):
+            kept[key] = row
+    original = read_rows(out)
+    if len(original) != len(kept) or (out / RESULTS).exists() and not _ends_clean(out / RESULTS):
+        tmp = out / (RESULTS + ".tmp")
+        tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in kept.values()))
+        os.replace(tmp, out / RESULTS)
+    todo = [s for s in grid if s.key not in kept]
+    aborted: list[str] = []
+    for spec in todo:
+        aborted += _set_aside(log_path(out, spec))
+    return todo, len(kept), aborted
+
+
+def _ends_clean(path: Path) -> bool:
+    data = path.read_bytes()
+    return not data or data.endswith(b"\n")
+
+
+# ---------------------------------------------------------------------------------------------- executors
+
+
+def _run_local(config: ExperimentConfig, todo: list[EpisodeSpec], out: Path, workers: int,
+               done: Callable[[dict[str, Any]], None]) -> None:
+    if workers <= 1:
+        for spec in todo:
+            done(run_episode(config, spec, out))
+        return
+    import multiprocessing
+
+    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        pending = {pool.submit(run_episode, config, spec, out) for spec in todo}
+        while pending:
+            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in finished:
+                done(fut.result())
+
+
+def _run_ray(config: ExperimentConfig, todo: list[EpisodeSpec], out: Path, workers: int, address: str | None,
+             done: Callable[[dict[str, Any]], None]) -> None:
+    import ray
+
+    started = False
+    if not ray.is_initialized():
+        if address:
+            ray.init(address=address, log_to_driver=False)
+        else:
+            ray.init(num_cpus=max(1, workers), include_dashboard=False, log_to_driver=False)
+        started = True
+    try:
+        remote = ray.remote(num_cpus=1)(run_episode)
+        pending = [remote.remote(config, spec, str(out)) for spec in todo]
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            for ref in ready:
+                done(ray.get(ref))
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def run_experiment(
+    config: ExperimentConfig,
+    out_dir: str | Path,
+    *,
+    executor: str = "local",
+    workers: int = 1,
+    address: str | None = None,
+    progress: bool = True,
+    report: bool = True,
+) -> RunSummary:
+    """Validate, resume, run the remaining grid, write the report (see the module docstring)."""
+    if executor not in EXECUTORS:
+        raise ConfigError(f"executor {executor!r}; expected one of {list(EXECUTORS)}")
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ConfigError(f"workers is {workers!r}; expected an integer >= 1")
+    validate(config)
+    out = Path(out_dir)
+    todo, reused, aborted = _prepare(config, out)
+    total = len(config.episodes())
+    with _progress(progress, total, reused, config.name) as advance:
+        def done(row: dict[str, Any]) -> None:
+            _append_row(out, row)
+            advance(row)
+
+        if todo:
+            if executor == "ray":
+                _run_ray(config, todo, out, workers, address, done)
+            else:
+                _run_local(config, todo, out, workers, done)
+    report_path = None
+    if report:
+        from ctxkit.experiment.report import write_report
+
+        report_path = str(write_report(out))
+    return RunSummary(str(out), total, reused, len(todo), tuple(aborted), report_path)
+
+
+class _progress:
+    """A rich progress bar over the grid (a no-op when disabled)."""
+
+    def __init__(self, enabled: bool, total: int, completed: int, name: str):
+        self.enabled, self.total, self.completed, self.name = enabled, total, completed, name
+        self._progress = None
+
+    def __enter__(self) -> Callable[[dict[str, Any]], None]:
+        if not self.enabled:
+            return lambda row: None
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self._progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                  TimeElapsedColumn(), TextColumn("{task.fields[last]}"),
+                                  console=Console(stderr=True))
+        self._progress.start()
+        task = self._progress.add_task(f"ablate {self.name}", total=self.total, completed=self.completed, last="")
+
+        def advance(row: dict[str, Any]) -> None:
+            self._progress.update(task, advance=1, last=f"{row['episode_id']}: {row['cause']}")
+
+        return advance
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+
+def rows_by_key(rows: Iterable[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
+    """Rows keyed by episode id (for comparing runs regardless of completion order)."""
+    return {r["episode_id"]: r for r in rows}
