@@ -16,7 +16,8 @@ the difference lies at or after `len(P)` and the result names the events rendere
 (`suspect_events`). Otherwise (first step, compaction in between, history-rewriting template) only the
 lengths and hashes are compared, and that is said.
 
-`verify_log(log)` replays every step. `resume` lives in `ctxkit.resume` and is re-exported here.
+`verify_log(log)` replays every step. `resume(log_path)` gathers what continuing an interrupted episode
+needs (restored external state, pending tool calls, pins, sampler, a ready builder).
 
 L3: imports L0/L1 (`log`, `tokenizers`, `templates`) and `builder`.
 """
@@ -25,15 +26,15 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 from ctxkit.errors import ConfigError, CtxkitError, ReplayError
-from ctxkit.events import Compaction, EpisodeStart, Event, Step
+from ctxkit.events import Compaction, EpisodeEnd, EpisodeStart, Event, Message, Pin, Step, ToolCall, ToolResult
 
 if TYPE_CHECKING:  # pragma: no cover
     from ctxkit.builder import BuiltContext
 
-__all__ = ["Mismatch", "ReplayResult", "VerifyResult", "load_events", "replay", "replay_steps", "resolve_setup", "verify_log", "resume"]
+__all__ = ["Mismatch", "ReplayResult", "VerifyResult", "load_events", "replay", "replay_steps", "resolve_setup", "verify_log", "ResumeState", "resume"]
 
 
 def load_events(log_or_events: Any) -> tuple[tuple[Event, ...], str]:
@@ -263,8 +264,75 @@ def verify_log(log_or_events: Any, *, tokenizer: Any = None, template: Any = Non
     return VerifyResult(ok=bool(results) and n_ok == len(results), n_steps=len(results), n_ok=n_ok, results=results)
 
 
-def resume(log_path: Any, *args: Any, **kwargs: Any):
-    """See `ctxkit.resume.resume` (re-exported here, as `ctxkit.resume`)."""
-    from ctxkit.resume import resume as _resume
+@dataclass(frozen=True)
+class ResumeState:
+    """Everything needed to continue an interrupted episode from its log."""
 
-    return _resume(log_path, *args, **kwargs)
+    log_path: str
+    """The log (repaired if its tail was torn); open it with `EventLog.open` to append."""
+    repaired: Any
+    """The `log.RepairReport` when a torn tail was repaired, else None."""
+    episode_id: str
+    """The episode id."""
+    next_step: int
+    """Index of the next step (the number of steps recorded)."""
+    next_seq: int
+    """Seq the next appended event will get."""
+    pending_tool_calls: tuple[ToolCall, ...]
+    """Tool calls made by the policy with no result recorded yet, in call order: run them next."""
+    unsnapshotted_results: tuple[ToolResult, ...]
+    """Successful tool results recorded after the latest snapshot of some restored state: their effects
+    are not in the restored state (a crash between the result and its snapshot); re-apply those calls."""
+    pins: tuple[Pin, ...]
+    """The pins in force."""
+    sampler: Mapping[str, Any]
+    """Sampling config: `EpisodeStart.sampler` overlaid with the last step's `sampling`."""
+    seed: Any
+    """The sampler seed (`sampler["seed"]`), None when none was recorded."""
+    restored: Mapping[str, Any]
+    """State name -> what `state.restore_snapshot` returned (a `RestoreReport`, or the JSON value)."""
+    builder: Any
+    """A `ContextBuilder` from `EpisodeStart.context`, ready to build the next context."""
+    ended: EpisodeEnd | None
+    """The EpisodeEnd when the episode already ended (nothing to resume)."""
+
+
+def resume(log_path: Any, *, targets: Mapping[str, Any] | None = None, tokenizer: Any = None) -> ResumeState:
+    """Prepare to continue the episode in `log_path`: repair a torn tail, restore the latest snapshot of
+    each recorded state (directories into `targets[name]`, required for each directory state; JSON values
+    are returned), find pending tool calls, pins in force and the sampler, and rebuild the builder."""
+    from ctxkit.builder import ContextBuilder
+    from ctxkit.log import read_events, read_header, repair, verify
+    from ctxkit.pins import active_pins
+    from ctxkit.state import BlobStore, latest_snapshots, restore_snapshot
+
+    if not isinstance(log_path, (str, os.PathLike)):
+        raise ConfigError(f"resume: expected a log path, got {type(log_path).__name__}")
+    report = verify(log_path)
+    repaired = repair(log_path) if report.torn_tail else None
+    events = read_events(log_path)
+    start = next((e for e in events if isinstance(e, EpisodeStart)), None)
+    if start is None or not start.context:
+        raise ReplayError(f"{log_path}: no EpisodeStart with a builder description; cannot rebuild the builder")
+    builder = ContextBuilder.from_description(start.context, tokenizer=tokenizer)
+    answered = {e.tool_call_id for e in events if isinstance(e, ToolResult)}
+    answered |= {e.tool_call_id for e in events if isinstance(e, Message) and e.role == "tool" and e.tool_call_id}
+    pending = tuple(tc for e in events if isinstance(e, (Step, Message)) for tc in e.tool_calls if tc.id not in answered)
+    steps = [e for e in events if isinstance(e, Step)]
+    sampler = {**dict(start.sampler), **(dict(steps[-1].sampling) if steps else {})}
+    targets = dict(targets or {})
+    snaps = latest_snapshots(events)
+    missing = sorted(n for n, s in snaps.items() if s.adapter == "directory" and n not in targets)
+    if missing:
+        raise ConfigError(f"resume: pass targets= for the directory state(s) {missing} (name -> folder to restore into)")
+    store = BlobStore.for_log(log_path)
+    restored = {name: restore_snapshot(snap, store, targets.get(name)) for name, snap in snaps.items()}
+    oldest = min((s.seq for s in snaps.values()), default=None)
+    stale = tuple(e for e in events if isinstance(e, ToolResult) and e.status == "ok" and oldest is not None and e.seq > oldest)
+    ends = [e for e in events if isinstance(e, EpisodeEnd)]
+    return ResumeState(
+        log_path=str(log_path), repaired=repaired, episode_id=start.episode_id or str(read_header(log_path).get("episode_id", "")),
+        next_step=len(steps), next_seq=len(events), pending_tool_calls=pending, unsnapshotted_results=stale,
+        pins=active_pins(events), sampler=sampler, seed=sampler.get("seed"), restored=restored, builder=builder,
+        ended=ends[-1] if ends else None,
+    )
