@@ -1,0 +1,466 @@
+"""An agent that asks an OpenAI-compatible server (vLLM, SGLang) for each turn, over plain HTTP (`urllib`).
+
+Token-in (default, `use_token_ids=True`): `POST /v1/completions` with `prompt` = the context's token ids,
+so the server sees exactly what the builder produced. It asks for the sampled tokens' log-probs
+(`logprobs: 0`), the sampled ids (`return_token_ids`, vLLM >= 0.10.2; `return_tokens_as_token_ids` as a
+second source) and keeps special tokens in the text. The ids come back verbatim (token-out).
+
+Messages (`use_token_ids=False`): `POST /v1/chat/completions` with the view's messages; the server renders
+them with its own template, so what it saw may differ from `context.token_ids`. That is measured, not
+hidden: `sampling["engine"]` records whether the server's `prompt_token_ids` equal the context
+(`prompt_match`, `prompt_drift_at`), and where the server returns no sampled ids the turn's ids are the
+local re-tokenization of its text (`ids_source="retokenized"`), with log-probs dropped (they would not
+align).
+
+Log-prob meaning: vLLM returns raw log-probs unless started with `--logprobs-mode processed_logprobs`;
+say which with `server_logprobs_mode` (`raw` default, or `processed`), recorded as `logprob_kind`.
+
+Failures: an HTTP error status or a malformed response raises `OpenAIHTTPError` naming the URL and status;
+a timeout either returns a turn with `finish_reason="abort"` and the time spent (`on_timeout="abort"`,
+default, so the runner can count it and end the episode truncated) or raises `OpenAITimeoutError`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import urllib.error
+import urllib.request
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+from ctxkit.errors import ConfigError, CtxkitError
+from ctxkit.events import ToolCall
+from ctxkit.experiment.agents.base import AgentTurn
+from ctxkit.experiment.agents.parsing import END_OF_TURN_TOKENS, end_of_turn_ids, make_call_id, parse_text
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ctxkit.builder import BuiltContext
+
+__all__ = ["OpenAIAgent", "OpenAIHTTPError", "OpenAITimeoutError", "LOGPROBS_MODES"]
+
+LOGPROBS_MODES: dict[str, str] = {
+    "raw": "raw",
+    "raw_logprobs": "raw",
+    "processed": "processed",
+    "processed_logprobs": "processed",
+}
+"""`server_logprobs_mode` values (ours and vLLM's `--logprobs-mode` names) -> the recorded `logprob_kind`."""
+
+ON_TIMEOUT = ("abort", "raise")
+"""What a timed-out request does: return an `abort` turn, or raise `OpenAITimeoutError`."""
+
+_BODY_EXCERPT = 500
+
+
+class OpenAIHTTPError(CtxkitError):
+    """A request to the inference server failed: HTTP error status, no connection, or a malformed answer."""
+
+    def __init__(self, message: str, *, url: str, status: int | None = None):
+        where = f"POST {url}" + (f" -> HTTP {status}" if status is not None else "")
+        super().__init__(f"{where}: {message}")
+        self.url = url
+        """The URL requested."""
+        self.status = status
+        """The HTTP status (None when there was no HTTP answer)."""
+
+
+class OpenAITimeoutError(OpenAIHTTPError):
+    """The server did not answer within `timeout_s`."""
+
+    def __init__(self, *, url: str, timeout_s: float, elapsed_s: float):
+        super().__init__(f"no answer within timeout_s={timeout_s} (gave up after {elapsed_s:.3f}s)", url=url)
+        self.timeout_s = timeout_s
+        self.elapsed_s = elapsed_s
+
+
+class OpenAIAgent:
+    """A policy served by an OpenAI-compatible HTTP server (vLLM / SGLang style)."""
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        model: str,
+        tokenizer: Any = None,
+        template: Any = None,
+        task: str | None = None,
+        api_key: str | None = None,
+        api_key_env: str | None = None,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int | None = None,
+        min_p: float | None = None,
+        max_tokens: int = 256,
+        timeout_s: float = 60.0,
+        use_token_ids: bool = True,
+        server_logprobs_mode: str = "raw",
+        stop_token_ids: Sequence[int] | None = None,
+        on_timeout: str = "abort",
+        policy_version: str | int | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+        **unknown: Any,
+    ):
+        """`base_url` is the server root (`http://host:8000`, a trailing `/v1` is accepted); `model` the served
+        model name. `tokenizer` (a `ctxkit.tokenizers.Tokenizer` or spec) is the one contexts are built with:
+        it gives the default `stop_token_ids` (its end-of-turn ids) and re-tokenizes text when a server
+        returns no ids. `api_key` or `api_key_env` (the name of an environment variable holding it) set the
+        bearer token. `extra_body` is merged into every request. `template`/`task` are accepted per the
+        agent construction contract and unused.
+        """
+        if unknown:
+            raise ConfigError(
+                f"openai agent: unknown parameter(s) {sorted(unknown)}; allowed: base_url, model, api_key, api_key_env, "
+                "temperature, top_p, top_k, min_p, max_tokens, timeout_s, use_token_ids, server_logprobs_mode, "
+                "stop_token_ids, on_timeout, policy_version, extra_body"
+            )
+        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
+            raise ConfigError(f"openai agent: base_url={base_url!r} must be an http(s) URL like http://127.0.0.1:8000")
+        root = base_url.rstrip("/")
+        if root.endswith("/v1"):
+            root = root[: -len("/v1")]
+        self.base_url = root
+        """Server root without a trailing slash or `/v1`."""
+        if not isinstance(model, str) or not model:
+            raise ConfigError(f"openai agent: model={model!r} must be the served model name")
+        self.model = model
+        if server_logprobs_mode not in LOGPROBS_MODES:
+            raise ConfigError(
+                f"openai agent: server_logprobs_mode={server_logprobs_mode!r}; allowed {sorted(LOGPROBS_MODES)} "
+                "(raw_logits/processed_logits are logits, not log-probs)"
+            )
+        self.logprob_kind = LOGPROBS_MODES[server_logprobs_mode]
+        """`raw` or `processed`: what the server's log-probs are (recorded on every turn)."""
+        if on_timeout not in ON_TIMEOUT:
+            raise ConfigError(f"openai agent: on_timeout={on_timeout!r}; allowed {list(ON_TIMEOUT)}")
+        self.on_timeout = on_timeout
+        if not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
+            raise ConfigError(f"openai agent: timeout_s={timeout_s!r} must be a number > 0")
+        self.timeout_s = float(timeout_s)
+        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+            raise ConfigError(f"openai agent: max_tokens={max_tokens!r} must be an integer >= 1")
+        if not isinstance(temperature, (int, float)) or temperature < 0:
+            raise ConfigError(f"openai agent: temperature={temperature!r} must be a number >= 0")
+        if not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
+            raise ConfigError(f"openai agent: top_p={top_p!r} must be in (0, 1]")
+        if not isinstance(use_token_ids, bool):
+            raise ConfigError(f"openai agent: use_token_ids={use_token_ids!r} must be true or false")
+        self.use_token_ids = use_token_ids
+        self.sampling_params: dict[str, Any] = {"temperature": float(temperature), "top_p": float(top_p)}
+        """Sampling params sent with every request (top_k/min_p only when set)."""
+        if top_k is not None:
+            self.sampling_params["top_k"] = int(top_k)
+        if min_p is not None:
+            self.sampling_params["min_p"] = float(min_p)
+        self.max_tokens = max_tokens
+        if api_key is None and api_key_env is not None:
+            api_key = os.environ.get(api_key_env)
+            if not api_key:
+                raise ConfigError(f"openai agent: api_key_env={api_key_env!r} names an unset environment variable")
+        self._api_key = api_key
+        self.tokenizer = None
+        """The context tokenizer, when given."""
+        if tokenizer is not None:
+            from ctxkit.tokenizers import Tokenizer, load_tokenizer
+
+            self.tokenizer = tokenizer if isinstance(tokenizer, Tokenizer) else load_tokenizer(tokenizer)
+        if stop_token_ids is not None:
+            self.stop_token_ids = tuple(int(t) for t in stop_token_ids)
+        else:
+            self.stop_token_ids = end_of_turn_ids(self.tokenizer) if self.tokenizer is not None else ()
+        self.extra_body = dict(extra_body or {})
+        self.policy_version = policy_version if policy_version is not None else model
+        self.name = f"openai:{model}"
+
+    # ------------------------------------------------------------------------------------------ acting
+
+    def act(self, context: "BuiltContext", *, tools: Sequence[Mapping[str, Any]] = (), seed: int) -> AgentTurn:
+        """Ask the server for the next turn: token ids to `/v1/completions`, or messages to `/v1/chat/completions`."""
+        if self.use_token_ids:
+            return self.complete_ids(context.token_ids, seed=seed, call_id_seed=context.hash)
+        messages = [_wire_message(m.to_chat()) for m in context.view.messages]
+        return self.chat(messages, tools=tools, seed=seed, context_ids=context.token_ids, call_id_seed=context.hash)
+
+    def complete_ids(self, token_ids: Sequence[int], *, seed: int, call_id_seed: str = "") -> AgentTurn:
+        """Sample after the prompt `token_ids` through `/v1/completions` (token-in, token-out)."""
+        prompt = [int(t) for t in token_ids]
+        if not prompt:
+            raise ConfigError("openai agent: the context is empty (0 token ids)")
+        body: dict[str, Any] = {
+            "model": self.model,
+            "prompt": prompt,
+            "max_tokens": self.max_tokens,
+            **self.sampling_params,
+            "seed": int(seed),
+            "n": 1,
+            "stream": False,
+            "logprobs": 0,
+            "return_token_ids": True,
+            "return_tokens_as_token_ids": True,
+            "skip_special_tokens": False,
+        }
+        if self.stop_token_ids:
+            body["stop_token_ids"] = list(self.stop_token_ids)
+        body.update(self.extra_body)
+        url = f"{self.base_url}/v1/completions"
+        payload, elapsed = self._post(url, body)
+        if payload is None:
+            return self._aborted(seed, elapsed, "completions")
+        choice = _first_choice(payload, url)
+        text = choice.get("text")
+        if not isinstance(text, str):
+            raise OpenAIHTTPError(f"malformed response: choices[0].text is {type(text).__name__}, not a string", url=url, status=200)
+        lp_block = choice.get("logprobs") or {}
+        ids, source = _completion_ids(choice, lp_block, url)
+        logprobs = _float_list(lp_block.get("token_logprobs"), "choices[0].logprobs.token_logprobs", url)
+        if ids is None:
+            ids, source, logprobs = self._retokenize(text, choice, url), "retokenized", None
+        if logprobs is not None and len(logprobs) != len(ids):
+            raise OpenAIHTTPError(
+                f"malformed response: {len(logprobs)} log-probs for {len(ids)} token ids", url=url, status=200
+            )
+        server_prompt = choice.get("prompt_token_ids", payload.get("prompt_token_ids"))
+        engine = _engine_record("completions", source, prompt, server_prompt, self.logprob_kind)
+        parsed = parse_text(self._text_of(ids, text), call_id_seed=call_id_seed)
+        return self._turn(ids, logprobs, parsed.content, parsed.tool_calls, parsed.reasoning_content, choice, seed, elapsed, engine)
+
+    def chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] = (),
+        seed: int,
+        context_ids: Sequence[int] | None = None,
+        call_id_seed: str = "",
+    ) -> AgentTurn:
+        """Sample the next turn for OpenAI-shaped `messages` through `/v1/chat/completions`.
+
+        `context_ids`, when given, are compared with the server's `prompt_token_ids` (drift is recorded).
+        """
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": [dict(m) for m in messages],
+            "max_tokens": self.max_tokens,
+            **self.sampling_params,
+            "seed": int(seed),
+            "n": 1,
+            "stream": False,
+            "logprobs": True,
+            "top_logprobs": 0,
+            "return_token_ids": True,
+        }
+        if tools:
+            body["tools"] = [dict(t) for t in tools]
+        if self.stop_token_ids:
+            body["stop_token_ids"] = list(self.stop_token_ids)
+        body.update(self.extra_body)
+        url = f"{self.base_url}/v1/chat/completions"
+        payload, elapsed = self._post(url, body)
+        if payload is None:
+            return self._aborted(seed, elapsed, "chat")
+        choice = _first_choice(payload, url)
+        message = choice.get("message")
+        if not isinstance(message, Mapping):
+            raise OpenAIHTTPError("malformed response: choices[0].message is missing", url=url, status=200)
+        content = message.get("content")
+        if content is not None and not isinstance(content, str):
+            raise OpenAIHTTPError("malformed response: choices[0].message.content is not a string", url=url, status=200)
+        raw_ids = choice.get("token_ids")
+        entries = (choice.get("logprobs") or {}).get("content")
+        logprobs = None
+        if entries is not None:
+            if not isinstance(entries, list) or not all(isinstance(e, Mapping) for e in entries):
+                raise OpenAIHTTPError("malformed response: choices[0].logprobs.content is not a list of objects", url=url, status=200)
+            logprobs = _float_list([e.get("logprob") for e in entries], "choices[0].logprobs.content[].logprob", url)
+        if raw_ids is not None:
+            ids = _int_list(raw_ids, "choices[0].token_ids", url)
+            source = "server"
+            if logprobs is not None and len(logprobs) != len(ids):
+                raise OpenAIHTTPError(f"malformed response: {len(logprobs)} log-probs for {len(ids)} token ids", url=url, status=200)
+        else:
+            ids, source, logprobs = self._retokenize(content or "", choice, url), "retokenized", None
+        engine = _engine_record("chat", source, context_ids, payload.get("prompt_token_ids", choice.get("prompt_token_ids")), self.logprob_kind)
+        server_calls = message.get("tool_calls") or []
+        if server_calls:
+            calls = tuple(_server_call(c, i, call_id_seed, url) for i, c in enumerate(server_calls))
+            reasoning = message.get("reasoning_content")
+            text_content = content.strip() if content and content.strip() else None
+        else:
+            parsed = parse_text(content or "", call_id_seed=call_id_seed)
+            calls, reasoning, text_content = parsed.tool_calls, parsed.reasoning_content, parsed.content
+        return self._turn(ids, logprobs, text_content, calls, reasoning, choice, seed, elapsed, engine)
+
+    def close(self) -> None:
+        """Nothing to release: each request opens its own connection."""
+
+    # ------------------------------------------------------------------------------------------ internals
+
+    def _post(self, url: str, body: Mapping[str, Any]) -> tuple[Any, float]:
+        """POST JSON; (decoded answer, seconds), or (None, seconds) after a timeout with `on_timeout="abort"`."""
+        data = json.dumps(body).encode()
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if self._api_key:
+            headers["Authorization"] = f"Bearer {self._api_key}"
+        request = urllib.request.Request(url, data=data, headers=headers, method="POST")
+        t0 = time.perf_counter()
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                raw = response.read()
+        except urllib.error.HTTPError as exc:
+            excerpt = exc.read(_BODY_EXCERPT).decode("utf-8", "replace")
+            raise OpenAIHTTPError(f"server error: {excerpt}", url=url, status=exc.code) from exc
+        except (TimeoutError, socket.timeout) as exc:
+            return self._timed_out(url, time.perf_counter() - t0, exc)
+        except urllib.error.URLError as exc:
+            if isinstance(exc.reason, (TimeoutError, socket.timeout)):
+                return self._timed_out(url, time.perf_counter() - t0, exc)
+            raise OpenAIHTTPError(f"cannot reach the server: {exc.reason}", url=url) from exc
+        except (ConnectionError, OSError) as exc:
+            raise OpenAIHTTPError(f"connection failed: {exc}", url=url) from exc
+        elapsed = time.perf_counter() - t0
+        try:
+            return json.loads(raw), elapsed
+        except ValueError as exc:
+            raise OpenAIHTTPError(f"malformed response: not JSON ({raw[:_BODY_EXCERPT]!r})", url=url, status=200) from exc
+
+    def _timed_out(self, url: str, elapsed: float, exc: BaseException) -> tuple[None, float]:
+        if self.on_timeout == "raise":
+            raise OpenAITimeoutError(url=url, timeout_s=self.timeout_s, elapsed_s=elapsed) from exc
+        return None, elapsed
+
+    def _sampling(self, seed: int, endpoint: str) -> dict[str, Any]:
+        out = dict(self.sampling_params)
+        out.update({"max_tokens": self.max_tokens, "seed": int(seed), "endpoint": endpoint})
+        if self.stop_token_ids:
+            out["stop_token_ids"] = list(self.stop_token_ids)
+        return out
+
+    def _aborted(self, seed: int, elapsed: float, endpoint: str) -> AgentTurn:
+        sampling = self._sampling(seed, endpoint)
+        sampling["engine"] = {"endpoint": endpoint, "timeout_s": self.timeout_s}
+        return AgentTurn(
+            token_ids=(),
+            content=None,
+            finish_reason="abort",
+            sampling=sampling,
+            policy_version=self.policy_version,
+            timings={"prefill_s": 0.0, "decode_s": 0.0, "generate_s": elapsed},
+        )
+
+    def _turn(self, ids, logprobs, content, calls, reasoning, choice, seed, elapsed, engine) -> AgentTurn:
+        finish = choice.get("finish_reason") or "stop"
+        if not isinstance(finish, str):
+            finish = str(finish)
+        sampling = self._sampling(seed, engine["endpoint"])
+        sampling["engine"] = engine
+        return AgentTurn(
+            token_ids=tuple(ids),
+            content=content,
+            tool_calls=tuple(calls),
+            finish_reason=finish,
+            logprobs=None if logprobs is None else tuple(logprobs),
+            logprob_kind=None if logprobs is None else self.logprob_kind,
+            raw_logprobs=None,
+            sampling=sampling,
+            policy_version=self.policy_version,
+            timings={"prefill_s": 0.0, "decode_s": 0.0, "generate_s": elapsed},
+            reasoning_content=reasoning,
+        )
+
+    def _text_of(self, ids: Sequence[int], fallback: str) -> str:
+        """Text to parse: the local decode of the ids before the first end-of-turn id; without a tokenizer,
+        the server's text up to the first end-of-turn token string."""
+        if self.tokenizer is None:
+            cut = min((i for i in (fallback.find(t) for t in END_OF_TURN_TOKENS) if i >= 0), default=len(fallback))
+            return fallback[:cut]
+        ends = set(self.stop_token_ids)
+        body = list(ids)
+        for i, t in enumerate(body):
+            if t in ends:
+                body = body[:i]
+                break
+        return self.tokenizer.decode(body)
+
+    def _retokenize(self, text: str, choice: Mapping[str, Any], url: str) -> list[int]:
+        if self.tokenizer is None:
+            raise OpenAIHTTPError(
+                "the server returned no token ids (no return_token_ids support?) and the agent has no tokenizer "
+                "to re-tokenize the text with",
+                url=url,
+                status=200,
+            )
+        ids = list(self.tokenizer.encode(text))
+        stop = choice.get("stop_reason")
+        if choice.get("finish_reason") == "stop" and isinstance(stop, int) and not isinstance(stop, bool):
+            ids.append(stop)
+        return ids
+
+
+# ------------------------------------------------------------------------------------------ helpers
+
+
+def _wire_message(message: Mapping[str, Any]) -> dict[str, Any]:
+    """An OpenAI message without ctxkit's private keys (the sampled `token_ids` of an assistant turn)."""
+    return {k: v for k, v in message.items() if k != "token_ids"}
+
+
+def _first_choice(payload: Any, url: str) -> Mapping[str, Any]:
+    choices = payload.get("choices") if isinstance(payload, Mapping) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
+        raise OpenAIHTTPError("malformed response: no choices[0]", url=url, status=200)
+    return choices[0]
+
+
+def _int_list(value: Any, where: str, url: str) -> list[int]:
+    if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        raise OpenAIHTTPError(f"malformed response: {where} is not a list of integers", url=url, status=200)
+    return list(value)
+
+
+def _float_list(value: Any, where: str, url: str) -> list[float] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in value):
+        raise OpenAIHTTPError(f"malformed response: {where} is not a list of numbers", url=url, status=200)
+    return [float(x) for x in value]
+
+
+def _completion_ids(choice: Mapping[str, Any], lp_block: Mapping[str, Any], url: str) -> tuple[list[int] | None, str]:
+    """Sampled ids from `token_ids`, else from `token_id:<n>` log-prob tokens; (None, "") when neither."""
+    if choice.get("token_ids") is not None:
+        return _int_list(choice["token_ids"], "choices[0].token_ids", url), "server"
+    tokens = lp_block.get("tokens")
+    if isinstance(tokens, list) and tokens and all(isinstance(t, str) and t.startswith("token_id:") for t in tokens):
+        try:
+            return [int(t[len("token_id:"):]) for t in tokens], "logprob_tokens"
+        except ValueError:
+            pass
+    return None, ""
+
+
+def _engine_record(endpoint: str, source: str, context_ids, server_prompt, kind: str) -> dict[str, Any]:
+    """What the server did with the prompt and where the ids came from (kept in `sampling["engine"]`)."""
+    record: dict[str, Any] = {"endpoint": endpoint, "ids_source": source, "logprobs_mode": kind}
+    if server_prompt is None or context_ids is None:
+        record["prompt_match"] = None
+        return record
+    ctx = [int(t) for t in context_ids]
+    srv = [int(t) for t in server_prompt]
+    record["prompt_match"] = ctx == srv
+    record["server_prompt_tokens"] = len(srv)
+    if ctx != srv:
+        record["prompt_drift_at"] = next((i for i, (a, b) in enumerate(zip(ctx, srv)) if a != b), min(len(ctx), len(srv)))
+    return record
+
+
+def _server_call(call: Any, index: int, seed: str, url: str) -> ToolCall:
+    """A tool call the server parsed, in the OpenAI wire shape."""
+    fn = call.get("function") if isinstance(call, Mapping) else None
+    if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
+        raise OpenAIHTTPError(f"malformed response: tool_calls[{index}] has no function name", url=url, status=200)
+    args = fn.get("arguments", "{}")
+    if not isinstance(args, str):
+        args = json.dumps(args)
+    call_id = call.get("id") if isinstance(call.get("id"), str) and call.get("id") else make_call_id(seed, index)
+    return ToolCall(id=call_id, name=fn["name"], arguments=args)
