@@ -410,12 +410,17 @@ def _snapshot_problems(path: Path, events: Sequence[Event], snaps: Sequence[Stat
                          "but no StateSnapshot follows it" for r in pending]
             pending = []
     problems += [f"seq {r.seq}: tool result for call {r.tool_call_id!r} has no StateSnapshot after it" for r in pending]
-    blobs = Path(str(path) + ".blobs")
+    from ctxkit.errors import StateError
+    from ctxkit.state import BlobStore
+
+    store = BlobStore.for_log(path)
     for s in snaps:
-        sha = s.manifest_sha256
-        blob = blobs / "sha256" / sha[:2] / sha[2:]
-        if len(sha) != 64 or not blob.is_file():
-            problems.append(f"seq {s.seq}: snapshot manifest {sha[:16]} is missing from {blobs}")
+        try:
+            present = store.has(s.manifest_sha256)
+        except StateError:
+            present = False
+        if not present:
+            problems.append(f"seq {s.seq}: snapshot manifest {s.manifest_sha256[:16]!r} is missing from {store.root}")
     return problems
 
 
