@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxkit.errors import BudgetError
-from ctxkit.events import EpisodeEnd, EpisodeStart, ToolResult, content_text, message_from_openai
+from ctxkit.events import EpisodeEnd, EpisodeStart, ToolResult, message_from_openai
 from ctxkit.experiment.agents.base import Agent, make_agent, to_step
 from ctxkit.experiment.config import EpisodeSpec, ExperimentConfig
 from ctxkit.experiment.metrics import StepRecord, common_prefix, episode_metrics
@@ -132,10 +132,11 @@ def run_episode(config: ExperimentConfig, spec: EpisodeSpec, out_dir: str | Path
             log.append(EpisodeStart(
                 episode_id=spec.key,
                 tools=episode.tools,
-                task={"name": task.name, "version": task.version, "seed": spec.seed, "params": dataclasses.asdict(task)},
+                task={"name": task.name, "version": task.version, "seed": spec.seed, "params": dataclasses.asdict(task),
+                      "stateful": bool(episode.snapshot_dirs)},
                 context=builder.describe(),
                 sampler={"agent": agent_cfg.label, "kind": agent_cfg.kind, "params": dict(agent_cfg.params),
-                         "seed_rule": "sha256(task:seed:step)[:8]"},
+                         "seed": spec.seed, "step_seed": "int(sha256('<task>:<seed>:<step>')[:8], 16)"},
                 metadata={"experiment": config.name, "arm": arm.name, "limits": dataclasses.asdict(limits),
                           "facts": dict(episode.facts)},
             ))

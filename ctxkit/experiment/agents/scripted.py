@@ -4,6 +4,11 @@ It decodes `context.token_ids` with the tokenizer (nothing else of the episode i
 task's policy in `scripts.POLICIES` for the next action, and emits the token-exact assistant turn the
 template renders for that message (`render.encode_assistant_turn`), so its steps replay and train like a
 model's. Tool-call ids are 9 hex characters derived from the context hash (valid for Mistral templates).
+
+The script is a deterministic policy: every token it emits has probability 1, so its recorded behaviour
+log-probs are 0.0 per token, labelled `processed` (the distribution after the greedy transform, temperature
+0), and its sampling config says so (`temperature: 0.0`, the step's seed). Its timings map reading the
+context (decode + parse) to `prefill_s` and encoding the turn to `decode_s`.
 """
 
 from __future__ import annotations
@@ -52,7 +57,7 @@ class ScriptedAgent:
         return self.policy(self.tokenizer.decode(list(context.token_ids)))
 
     def act(self, context: Any, *, tools: Sequence[Mapping[str, Any]], seed: int) -> AgentTurn:
-        """The next assistant turn for `context` (deterministic: `seed` is not used)."""
+        """The next assistant turn for `context` (deterministic: `seed` is only recorded)."""
         from ctxkit.render import encode_assistant_turn
 
         start = time.perf_counter()
@@ -72,7 +77,9 @@ class ScriptedAgent:
             content=message["content"],
             tool_calls=calls,
             finish_reason="tool_calls" if calls else "stop",
-            sampling={"scripted": self.VERSION, "task": self.task},
+            logprobs=(0.0,) * len(ids),
+            logprob_kind="processed",
+            sampling={"temperature": 0.0, "seed": int(seed), "policy": self.VERSION, "task": self.task},
             policy_version=self.VERSION,
             timings={"prefill_s": decided - start, "decode_s": done - decided},
         )
