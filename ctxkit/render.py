@@ -99,13 +99,8 @@ class RenderedContext:
 
 def context_hash(token_ids: Iterable[int]) -> str:
     """sha256 hex of `b"ctxkit-context-v1"` followed by the ids as little-endian int32."""
-    arr = array.array("i", token_ids)
-    if arr.itemsize != 4:  # pragma: no cover - exotic platforms
-        arr = array.array("l", token_ids)
-    if sys.byteorder == "big":  # pragma: no cover
-        arr.byteswap()
     h = hashlib.sha256(b"ctxkit-context-v1")
-    h.update(arr.tobytes())
+    h.update(_int32_bytes(list(token_ids)))
     return h.hexdigest()
 
 
@@ -231,6 +226,7 @@ class _Region:
     index: int  # message index, -1 for the final generation prompt
     kind: str  # "content" | "produced" | "header"
     tokens: tuple[int, int] | None = None  # token range in the rendered (pre-substitution) ids
+    span: Any = None  # cached MessageSpan
 
 
 class IncrementalRenderer:
@@ -250,6 +246,8 @@ class IncrementalRenderer:
         self._call_ids: set[str] = set()
         self._structural_ok = bool(self._info.generation_prompt and self._info.end_of_turn)
         self._turn_text: dict[int, str] = {}
+        gp_specials = [p for p, special in self.tokenizer.split_special(self._info.generation_prompt) if special]
+        self._opener = gp_specials[0] if gp_specials else None  # special token that opens a turn
         self._special_len = {i: len(t) for t, i in self.tokenizer.special_tokens.items()}
         # rendered-space state
         self._text = ""
@@ -259,8 +257,14 @@ class IncrementalRenderer:
         self._sp_tok: list[int] = []  # number of tokens up to and including it
         self._roles: list[str] = []
         self._mask: list[int] = []
-        self._regions: list[_Region] = []  # message regions in message order, final prompt last
+        self._regions: list[_Region] = []  # message regions, in message order
+        self._prefix_max: list[int] = []  # running max of region ends (monotonic, for bisect)
+        self._final: _Region | None = None  # the trailing generation prompt, if rendered
         self._located = 0  # messages whose regions are in self._regions (in order)
+        self._unresolved: list[int] = []  # messages whose text was not found in the last render
+        self._n_assistant = 0
+        self._any_sampled = False
+        self._hash_cp: tuple[int, Any] = (0, hashlib.sha256(b"ctxkit-context-v1"))
         self._mode = ""
 
     def __len__(self) -> int:
@@ -280,8 +284,10 @@ class IncrementalRenderer:
             if any(m in s for s in _strings(chat) for m in self._info.markers):
                 self._structural_ok = False
         self._messages.append(dict(message))
+        self._n_assistant += chat.get("role") == "assistant"
         self._chat.append(chat)
         self._sampled.append(sampled)
+        self._any_sampled = self._any_sampled or sampled is not None
 
     def extend(self, messages: Iterable[Mapping[str, Any]]) -> None:
         """Append several messages."""
@@ -372,41 +378,45 @@ class IncrementalRenderer:
         raise RenderError(f"message {i}: cannot derive the assistant turn's text from prefix renders of template {self.template.id}")
 
     def _locate(self, text: str, agp: bool, stable: int) -> int:
-        """Update `self._regions` for `text`; return the char offset from which labels must be redone."""
+        """Update the regions for `text`; return the char offset from which labels must be redone."""
         gp = self._info.generation_prompt
         mode = "turns"
-        if self._structural_ok:
-            n_asst = sum(1 for m in self._chat if m.get("role") == "assistant")
-            if text.count(gp) == n_asst + (1 if agp and text.endswith(gp) else 0):
-                mode = "structural"
+        if self._structural_ok and text.count(gp) == self._n_assistant + (1 if agp and text.endswith(gp) else 0):
+            mode = "structural"
         if mode != self._mode:
-            self._regions, self._located, self._mode = [], 0, mode
-        # Keep the regions of the leading messages that lie wholly in unchanged text.
-        regions = [r for r in self._regions if r.index >= 0]
-        keep = 0
-        pos = 0
-        while keep < self._located:
-            mine = []
-            while pos + len(mine) < len(regions) and regions[pos + len(mine)].index == keep:
-                mine.append(regions[pos + len(mine)])
-            if any(r.end > stable for r in mine):
-                break
-            pos += len(mine)
-            keep += 1
-        kept = regions[:pos]
-        cursor = max((r.end for r in kept if not (r.index == 0 and r.role == "system")), default=0)
+            self._regions, self._prefix_max, self._mode, self._unresolved = [], [], mode, []
+        # Keep the regions of the leading messages that lie wholly in unchanged text (prefix max of
+        # region ends is monotonic, so bisect finds where they stop).
+        regions, pmax = self._regions, self._prefix_max
+        pos = bisect.bisect_right(pmax, stable)
+        while 0 < pos < len(regions) and regions[pos - 1].index == regions[pos].index:
+            pos -= 1
+        keep = regions[pos - 1].index + 1 if pos else 0
+        unresolved = self._unresolved
+        if unresolved and unresolved[0] < keep:  # a message not found so far: search again from it
+            keep = unresolved[0]
+            while pos and regions[pos - 1].index >= keep:
+                pos -= 1
+        del regions[pos:], pmax[pos:]
+        del unresolved[bisect.bisect_left(unresolved, keep) :]
+        cursor = max((r.end for r in regions[-3:] if not (r.index == 0 and r.role == "system")), default=0)
         relabel_from = min(stable, cursor)
         new: list[_Region] = []
         try:
             self._locate_from(text, keep, cursor, mode, new)
         except _Fallback:
             self._mode = "turns"
-            kept, new, relabel_from = [], [], 0
+            del regions[:], pmax[:], unresolved[:]
+            new, relabel_from = [], 0
             self._locate_from(text, 0, 0, "turns", new)
-        regions = kept + new
+        top = pmax[-1] if pmax else 0
+        for r in new:
+            top = max(top, r.end)
+            regions.append(r)
+            pmax.append(top)
+        self._final = None
         if agp and gp and text.endswith(gp):
-            regions.append(_Region(len(text) - len(gp), len(text), "generation_prompt", -1, "header"))
-        self._regions = regions
+            self._final = _Region(len(text) - len(gp), len(text), "generation_prompt", -1, "header")
         self._located = len(self._chat)
         return relabel_from
 
@@ -422,9 +432,8 @@ class IncrementalRenderer:
                         raise _Fallback
                     s = pos + len(gp)
                     e = text.find(eot, s)
-                    nxt = text.find(gp, s)
-                    if e < 0 or (0 <= nxt < e):
-                        raise _Fallback
+                    if e < 0 or (self._opener and text.find(self._opener, s, e) >= 0):
+                        raise _Fallback  # no end-of-turn before the next turn opens
                     e += len(eot)
                     out.append(_Region(pos, s, "generation_prompt", i, "header"))
                 else:
@@ -437,8 +446,11 @@ class IncrementalRenderer:
                         # renders between the next generation prompt and end-of-turn token.
                         s = text.find(gp, cursor) + len(gp)
                         e = text.find(eot, s)
-                        if e < 0:
-                            raise RenderError(f"message {i}: no end-of-turn {eot!r} after the assistant header")
+                        if e < 0 or (self._opener and text.find(self._opener, s, e) >= 0):
+                            raise RenderError(
+                                f"message {i}: no end-of-turn {eot!r} closes the assistant turn rendered by "
+                                f"template {self.template.id}; cannot locate it for the loss mask"
+                            )
                         e += len(eot)
                     else:
                         raise RenderError(
@@ -453,55 +465,57 @@ class IncrementalRenderer:
                 body = _content_text(msg.get("content"))
                 if not body:
                     continue
-                if i == 0 and role == "system":
-                    pos = text.find(body)
-                    if pos >= 0:
-                        out.append(_Region(pos, pos + len(body), role, i, "content"))
+                pos = text.find(body) if i == 0 and role == "system" else text.find(body, cursor)
+                if pos < 0:
+                    self._unresolved.append(i)
                     continue
-                pos = text.find(body, cursor)
-                if pos >= 0:
-                    out.append(_Region(pos, pos + len(body), role, i, "content"))
+                out.append(_Region(pos, pos + len(body), role, i, "content"))
+                if not (i == 0 and role == "system"):  # a system prompt may be moved (Mistral): no cursor
                     cursor = pos + len(body)
         return cursor
 
     # -- output -------------------------------------------------------------------------------
 
-    def _relabel(self, from_char: int) -> None:
+    def _relabel(self, from_char: int) -> int:
+        """Recompute roles/mask (and region token ranges) from `from_char` on; return the first token changed."""
         starts = self._starts
         t0 = bisect.bisect_left(starts, from_char)
         n = len(self._ids)
         del self._roles[t0:], self._mask[t0:]
         self._roles.extend(["scaffold"] * (n - t0))
         self._mask.extend([0] * (n - t0))
-        for r in self._regions:
-            if r.end <= from_char and r.tokens is not None:
-                continue
+        first = bisect.bisect_right(self._prefix_max, from_char)
+        todo = self._regions[first:] + ([self._final] if self._final is not None else [])
+        for r in self._regions[:first]:
+            if r.tokens is None:  # pragma: no cover - every kept region was labelled before
+                todo.insert(0, r)
+        for r in todo:
             if r.kind == "produced":  # the mask covers tokens that start inside the produced text
                 a = bisect.bisect_left(starts, r.start)
             else:  # a role label also covers a token that starts just before the text (e.g. "▁word")
                 a = max(0, bisect.bisect_right(starts, r.start) - 1)
-                if a < len(starts) and starts[a] < r.start and a + 1 <= len(starts) and self._is_special_at(a):
-                    a += 1
             z = bisect.bisect_left(starts, r.end, a)
+            if r.kind == "produced" and z <= a:
+                raise RenderError(f"message {r.index}: assistant turn covers no token; cannot derive its loss mask")
             r.tokens = (a, z)
+            r.span = None
             a = max(a, t0)
             if z > a:
                 self._roles[a:z] = [r.role] * (z - a)
                 if r.kind == "produced":
                     self._mask[a:z] = [1] * (z - a)
-
-    def _is_special_at(self, t: int) -> bool:
-        return self._ids[t] in self._special_len
+        return t0
 
     def render(self, add_generation_prompt: bool = False) -> RenderedContext:
         """The context for the messages so far (ids equal `apply_chat_template(..., tokenize=True)`)."""
         text = self._render_text(self._chat, add_generation_prompt)
         stable = self._retokenize(text)
         relabel_from = self._locate(text, add_generation_prompt, stable)
-        self._relabel(min(stable, relabel_from))
-        return self._output()
+        changed = self._relabel(min(stable, relabel_from))
+        return self._output(changed)
 
-    def _output(self) -> RenderedContext:
+    def _output(self, changed: int) -> RenderedContext:
+        """Assemble the context; `changed` is the first rendered token that may differ from last time."""
         ids, mask, roles = self._ids, self._mask, self._roles
         eot_id = self._info.end_of_turn_id
         drifts: list[Drift] = []
@@ -511,24 +525,19 @@ class IncrementalRenderer:
         sub_ends: list[int] = []  # rendered token index where each substitution ends
         sub_shift: list[int] = []  # cumulative shift after it
         span_pos: dict[int, tuple[int, int]] = {}
-        n_produced = 0
+        produced = [r for r in self._regions if r.kind == "produced"] if self._any_sampled else ()
         cut = shift = 0
-        for r in self._regions:
-            if r.kind != "produced":
-                continue
-            n_produced += 1
-            a, z = r.tokens
-            if z <= a:
-                raise RenderError(f"message {r.index}: assistant turn covers no token; cannot derive its loss mask")
+        for r in produced:
             sampled = self._sampled[r.index]
             if sampled is None:
                 continue
+            a, z = r.tokens
             rendered = ids[a:z]
             out_ids = list(sampled)
             out_mask = [1] * len(sampled)
             out_roles = ["assistant"] * len(sampled)
             compare = rendered
-            if eot_id is not None and (not sampled or sampled[-1] != eot_id) and rendered[-1] == eot_id:
+            if eot_id is not None and (not sampled or sampled[-1] != eot_id) and rendered and rendered[-1] == eot_id:
                 compare = rendered[:-1]  # finished by length: the template's end-of-turn stays, as scaffold
                 out_ids.append(eot_id)
                 out_mask.append(0)
@@ -555,6 +564,7 @@ class IncrementalRenderer:
             cut = z
         if not pieces_ids:
             token_ids, loss_mask, token_roles = tuple(ids), tuple(mask), tuple(roles)
+            out_changed = changed
         else:
             pieces_ids.append(ids[cut:])
             pieces_mask.append(mask[cut:])
@@ -563,24 +573,34 @@ class IncrementalRenderer:
             token_ids = tuple(chain(pieces_ids))
             loss_mask = tuple(chain(pieces_mask))
             token_roles = tuple(chain(pieces_roles))
+            k = bisect.bisect_right(sub_ends, changed)
+            out_changed = changed + (sub_shift[k - 1] if k else 0)
+            # a substitution straddling `changed` may have moved: hash from its start
+            for r in produced:
+                if self._sampled[r.index] is not None and r.tokens[0] < changed < r.tokens[1]:
+                    out_changed = min(out_changed, span_pos[r.index][0])
         spans: list[MessageSpan] = []
         seen: set[int] = set()
         for r in self._regions:
-            if r.index < 0 or r.kind == "header" or r.index in seen:
+            if r.kind == "header" or r.index in seen:
                 continue
             seen.add(r.index)
             if r.index in span_pos:
                 start, end = span_pos[r.index]
-            else:
-                a, z = r.tokens
+                spans.append(MessageSpan(r.index, r.role, start, end))
+                continue
+            a, z = r.tokens
+            d = 0
+            if sub_ends:
                 k = bisect.bisect_right(sub_ends, a)
                 d = sub_shift[k - 1] if k else 0
-                start, end = a + d, z + d
-            spans.append(MessageSpan(r.index, self._chat[r.index]["role"], start, end))
+            if r.span is None or r.span.start != a + d:
+                r.span = MessageSpan(r.index, self._chat[r.index]["role"], a + d, z + d)
+            spans.append(r.span)
         if len(seen) < len(self._chat):
             spans += [MessageSpan(i, m["role"], 0, 0) for i, m in enumerate(self._chat) if i not in seen]
             spans.sort(key=lambda sp: sp.index)
-        if n_produced and not any(loss_mask):
+        if self._n_assistant and not any(loss_mask):
             raise RenderError("loss mask is all zero although the conversation has assistant turns")
         return RenderedContext(
             token_ids=token_ids,
@@ -591,8 +611,29 @@ class IncrementalRenderer:
             template_id=self.template.id,
             tokenizer_id=self.tokenizer.id,
             prefix_preserving=self._info.prefix_preserving,
-            hash=context_hash(token_ids),
+            hash=self._hash(token_ids, out_changed),
         )
+
+    def _hash(self, token_ids: tuple[int, ...], changed: int) -> str:
+        """`context_hash(token_ids)`, resuming from a checkpoint over the unchanged prefix."""
+        n_cp, h_cp = self._hash_cp
+        if n_cp > changed:
+            n_cp, h_cp = 0, hashlib.sha256(b"ctxkit-context-v1")
+        h = h_cp.copy()
+        if changed > n_cp:
+            h.update(_int32_bytes(token_ids[n_cp:changed]))
+        self._hash_cp = (changed, h.copy())
+        h.update(_int32_bytes(token_ids[changed:]))
+        return h.hexdigest()
+
+
+def _int32_bytes(ids: Sequence[int]) -> bytes:
+    arr = array.array("i", ids)
+    if arr.itemsize != 4:  # pragma: no cover - exotic platforms
+        arr = array.array("l", ids)
+    if sys.byteorder == "big":  # pragma: no cover
+        arr.byteswap()
+    return arr.tobytes()
 
 
 class _Fallback(Exception):

@@ -104,9 +104,33 @@ def _environment():
             if isinstance(name, str) and name.startswith("_"):
                 raise jinja2.exceptions.SecurityError(f"namespace attribute {name!r} is not allowed")
 
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[GenerationBlock, jinja2.ext.loopcontrols]
-    )
+    from jinja2.runtime import LoopContext
+
+    dict_names = frozenset(dir(dict))
+    loop_names = frozenset(n for n in dir(LoopContext) if not n.startswith("_"))
+
+    class Sandbox(ImmutableSandboxedEnvironment):
+        """The sandbox transformers uses, with two fast paths that give the same results: an item of a
+        plain dict (what templates receive) and a public attribute of `loop`."""
+
+        def getattr(self, obj, attribute):
+            if type(obj) is dict and attribute not in dict_names:
+                try:
+                    return obj[attribute]
+                except (TypeError, LookupError):
+                    return self.undefined(obj=obj, name=attribute)
+            if type(obj) is LoopContext and attribute in loop_names:
+                return getattr(obj, attribute)
+            return super().getattr(obj, attribute)
+
+        def unsafe_undefined(self, obj, attribute):
+            # Jinja returns an Undefined that renders as "" until used; a template touching Python
+            # internals is refused outright instead.
+            raise jinja2.exceptions.SecurityError(
+                f"access to attribute {attribute!r} of {type(obj).__name__!r} object is unsafe"
+            )
+
+    env = Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=[GenerationBlock, jinja2.ext.loopcontrols])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now
