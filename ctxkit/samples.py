@@ -288,7 +288,7 @@ def samples(log_or_events: "EventLog | Sequence[Any] | str", *, tokenizer: Any =
     tok_id = tpl_id = ""
     for r in replayed:
         if not r.ok:
-            raise ReplayError(f"step seq {r.step.seq}: {r.describe()}; refusing to build a sample from a context that cannot be verified")
+            raise ReplayError(f"{r.describe()}; refusing to build samples from a context that cannot be verified")
         triples.append((r.step, r.token_ids, r.got_hash))
         tok_id, tpl_id = r.tokenizer_id, r.template_id
     meta = episode_meta(events, episode_id=header_episode, template_id=tpl_id, tokenizer_id=tok_id)
