@@ -1,0 +1,220 @@
+"""`ctxkit render` (JSON out) and `ctxkit inspect` (a colored terminal view) (L5, thin)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+ROLE_STYLES = {
+    "system": "magenta",
+    "user": "green",
+    "assistant": "cyan",
+    "tool": "yellow",
+    "scaffold": "grey50",
+    "generation_prompt": "blue",
+}
+"""rich style per token role in `ctxkit inspect`."""
+
+
+def shared_dir() -> Path:
+    """The shared fixtures folder: `$CTXKIT_SHARED`, else `shared/` beside the repository."""
+    env = os.environ.get("CTXKIT_SHARED")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[2].parent / "shared"
+
+
+def default_tokenizer() -> tuple[str, str | None]:
+    """`(tokenizer spec, template spec)` used when none is given: the shared Qwen2.5 tokenizer with its own
+    template, else `tiktoken:o200k_base` with `chatml-tools-v1`."""
+    qwen = shared_dir() / "tokenizers" / "qwen2.5-instruct"
+    if qwen.is_dir():
+        return str(qwen), None
+    return "tiktoken:o200k_base", "chatml-tools-v1"
+
+
+def bundled_example() -> Path:
+    """Path of the bundled example conversation."""
+    from importlib.resources import files
+
+    return Path(str(files("ctxkit_examples").joinpath("agent_episode.json")))
+
+
+def load_messages(path: str | Path) -> tuple[list[dict], list[dict] | None]:
+    """Messages and tools from a conversation JSON (`{"messages", "tools"}` or a bare list) or a `.jsonl` log."""
+    from ctxkit.errors import MessageFormatError
+
+    path = Path(path)
+    if path.suffix == ".jsonl":
+        from ctxkit.log import EventLog, export_conversation, export_messages
+
+        log = EventLog.open(path)
+        messages = export_messages(log)
+        tools = export_conversation(log).get("tools") or None
+        return messages, tools
+    from ctxkit.log import load_conversation
+
+    obj = load_conversation(path)
+    if isinstance(obj, list):
+        return obj, None
+    if isinstance(obj, dict) and isinstance(obj.get("messages"), list):
+        return obj["messages"], obj.get("tools") or None
+    raise MessageFormatError(f'{path}: expected {{"messages": [...], "tools": [...]}} or a list of messages')
+
+
+def _resolve(args: argparse.Namespace):
+    from ctxkit.templates import load_template
+    from ctxkit.tokenizers import load_tokenizer
+
+    spec, template = args.tokenizer, args.template
+    if spec is None:
+        spec, default_template = default_tokenizer()
+        template = template or default_template
+    tok = load_tokenizer(spec)
+    return tok, load_template(template, tok)
+
+
+def _render(args: argparse.Namespace):
+    from ctxkit.errors import CtxkitError
+    from ctxkit.render import render
+
+    messages, tools = load_messages(args.file)
+    tok, tpl = _resolve(args)
+    try:
+        return render(messages, tok, tpl, tools=tools, add_generation_prompt=args.add_generation_prompt), tok
+    except CtxkitError as exc:
+        raise type(exc)(f"{args.file}: {exc}") from None
+
+
+def _add_common(parser: argparse.ArgumentParser, *, file_required: bool) -> None:
+    if file_required:
+        parser.add_argument("file", metavar="FILE", help="conversation JSON ({messages, tools} or a list) or a .jsonl log")
+    else:
+        parser.add_argument("file", metavar="FILE", nargs="?", default=None,
+                            help="conversation JSON or .jsonl log (default: the bundled example)")
+    parser.add_argument("--tokenizer", metavar="T", default=None,
+                        help="tokenizer folder, hub id or tiktoken:<encoding> (default: shared qwen2.5-instruct, "
+                             "else tiktoken:o200k_base)")
+    parser.add_argument("--template", metavar="S", default=None,
+                        help="template: name-vN, a .jinja path, or omitted for the tokenizer's own")
+    parser.add_argument("--add-generation-prompt", action="store_true", help="end with the assistant generation prompt")
+
+
+def register_render(subparsers) -> None:
+    """Add `ctxkit render FILE --tokenizer T [--template S] [--add-generation-prompt]`."""
+    parser = subparsers.add_parser(
+        "render", help="render a conversation to token ids, loss mask and roles (JSON)",
+        description="Render a conversation through a chat template and tokenizer; print token_ids, loss_mask, "
+                    "roles, spans, hash, template_id and drifts as JSON.")
+    _add_common(parser, file_required=True)
+    parser.add_argument("--indent", action="store_true", help="indent the JSON")
+    parser.set_defaults(func=_render_main)
+
+
+def _render_main(args: argparse.Namespace) -> int:
+    import orjson
+
+    ctx, _ = _render(args)
+    out: dict[str, Any] = {
+        "token_ids": list(ctx.token_ids),
+        "loss_mask": list(ctx.loss_mask),
+        "roles": list(ctx.roles),
+        "spans": [{"index": s.index, "role": s.role, "start": s.start, "end": s.end} for s in ctx.spans],
+        "hash": ctx.hash,
+        "template_id": ctx.template_id,
+        "tokenizer_id": ctx.tokenizer_id,
+        "prefix_preserving": ctx.prefix_preserving,
+        "drifts": [{"message_index": d.message_index, "position": d.position, "sampled_ids": list(d.sampled_ids),
+                    "rendered_ids": list(d.rendered_ids)} for d in ctx.drifts],
+    }
+    sys.stdout.write(orjson.dumps(out, option=orjson.OPT_INDENT_2 if args.indent else 0).decode() + "\n")
+    return 0
+
+
+def register_inspect(subparsers) -> None:
+    """Add `ctxkit inspect [FILE] [--tokenizer T] [--template S]`."""
+    parser = subparsers.add_parser(
+        "inspect", help="show a rendered conversation token by token, colored by role",
+        description="Show a rendered conversation in the terminal: tokens colored by role, loss-masked tokens "
+                    "bold and underlined, special tokens boxed, and a per-role token count.")
+    _add_common(parser, file_required=False)
+    parser.add_argument("--max-tokens", type=int, default=None, metavar="N", help="show only the first N tokens")
+    parser.set_defaults(func=_inspect_main)
+
+
+def token_texts(tok, ids) -> list[str]:
+    """Text of each token, decoded in context (keeps Metaspace word spaces; multi-token characters are
+    shown on their first token)."""
+    out: list[str] = []
+    prev_text = ""
+    prev_id = None
+    i = 0
+    n = len(ids)
+    while i < n:
+        j = i + 1
+        while True:
+            if prev_id is None:
+                piece = tok.decode(ids[i:j])
+            else:
+                both = tok.decode([prev_id, *ids[i:j]])
+                piece = both[len(prev_text):] if both.startswith(prev_text) else tok.decode(ids[i:j])
+            if "\ufffd" not in piece or j - i >= 4 or j >= n:
+                break
+            j += 1
+        out.append(piece)
+        out.extend([""] * (j - i - 1))
+        prev_id = ids[j - 1]
+        prev_text = tok.decode([prev_id])
+        i = j
+    return out
+
+
+def _inspect_main(args: argparse.Namespace) -> int:
+    from collections import Counter
+
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    if args.file is None:
+        args.file = str(bundled_example())
+    ctx, tok = _render(args)
+    ids = ctx.token_ids if args.max_tokens is None else ctx.token_ids[: args.max_tokens]
+    specials = set(tok.special_tokens.values())
+    text = Text()
+    for tid, piece, role, masked in zip(ids, token_texts(tok, list(ids)), ctx.roles, ctx.loss_mask):
+        style = ROLE_STYLES.get(role, "")
+        if masked:
+            style += " bold underline"
+        if tid in specials:
+            text.append(piece, style=style + " reverse")
+            continue
+        parts = piece.split("\n")
+        for k, part in enumerate(parts):
+            if k:
+                text.append("↵", style="grey42")
+                text.append("\n")
+            text.append(part, style=style)
+    console = Console(highlight=False)
+    console.print(text)
+    if args.max_tokens is not None and len(ctx.token_ids) > args.max_tokens:
+        console.print(f"[grey50]... {len(ctx.token_ids) - args.max_tokens} more tokens[/]")
+    counts = Counter(ctx.roles)
+    masked = Counter(r for r, m in zip(ctx.roles, ctx.loss_mask) if m)
+    table = Table(title=f"{Path(args.file).name}: {len(ctx.token_ids)} tokens", title_justify="left")
+    table.add_column("role")
+    table.add_column("tokens", justify="right")
+    table.add_column("loss-masked", justify="right")
+    for role in ROLE_STYLES:
+        if counts.get(role):
+            table.add_row(Text(role, style=ROLE_STYLES[role]), str(counts[role]), str(masked.get(role, 0)))
+    table.add_row("total", str(len(ctx.token_ids)), str(sum(ctx.loss_mask)))
+    console.print(table)
+    console.print(f"tokenizer {ctx.tokenizer_id}  ·  template {ctx.template_id}  ·  "
+                  f"prefix-preserving {'yes' if ctx.prefix_preserving else 'no'}  ·  drifts {len(ctx.drifts)}")
+    console.print(f"hash {ctx.hash}")
+    console.print("[grey50]bold underline = loss mask 1 (tokens the policy produces); reversed = special token[/]")
+    return 0
