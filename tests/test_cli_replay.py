@@ -67,7 +67,7 @@ def test_step_shows_the_context_like_inspect(log_path, capsys):
     out = capsys.readouterr().out
     assert code == 0
     assert out.splitlines()[0].startswith("step 5 (seq ") and ": ok," in out.splitlines()[0]
-    assert "notes.txt" in out  # the rendered conversation follows
+    assert "notes.txt" in out and "verbatim" in out and "hash " + steps_hash(log_path, -1) in out
 
 
 def test_bad_arguments(log_path, capsys):
@@ -99,3 +99,7 @@ def test_replay_verify_in_a_subprocess(log_path):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "6/6 steps verify: ok" in proc.stdout
+
+
+def steps_hash(path: Path, k: int) -> str:
+    return [e for e in read_events(path) if isinstance(e, Step)][k].context_hash

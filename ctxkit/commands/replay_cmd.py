@@ -24,8 +24,17 @@ def register_replay(subparsers: Any) -> None:
     p.add_argument("--template", help="template spec to use instead of the recorded one (its id must match)")
     p.add_argument("--allow-hash-mismatch", action="store_true",
                    help="replay even when the tokenizer/template id differs from the recorded one")
+    p.add_argument("--max-tokens", type=int, default=None, metavar="N", help="with --step: show only the first N tokens")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_replay)
+
+
+def _recorded_tokenizer(log: str) -> str:
+    from ctxkit.events import EpisodeStart
+    from ctxkit.log import read_events
+
+    start = next(e for e in read_events(log) if isinstance(e, EpisodeStart))
+    return start.context["tokenizer"]["spec"]
 
 
 def _result_dict(r: Any) -> dict[str, Any]:
@@ -62,15 +71,55 @@ def _replay(args: argparse.Namespace) -> int:
     else:
         print(r.describe())
         if r.context is not None:
-            _show_context(r.context)
+            from ctxkit.tokenizers import load_tokenizer
+
+            _show_context(r.context, load_tokenizer(args.tokenizer or _recorded_tokenizer(args.log)), args.max_tokens)
     return 0 if r.ok else 1
 
 
-def _show_context(ctx: Any) -> None:
-    """Show a rebuilt context the way `ctxkit inspect` shows a render."""
-    from ctxkit.commands.render_cmd import show_rendered
+def _show_context(ctx: Any, tokenizer: Any, max_tokens: int | None) -> None:
+    """Show a rebuilt context as `ctxkit inspect` shows a render (its role colors, loss-masked tokens bold
+    and underlined, special tokens reversed), then each message's provenance (verbatim, masked, summary...)."""
+    from collections import Counter
 
-    show_rendered(ctx.rendered, ctx.view.chat())
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    from ctxkit.commands.render_cmd import ROLE_STYLES, token_texts
+
+    rendered = ctx.rendered
+    ids = list(ctx.token_ids if max_tokens is None else ctx.token_ids[:max_tokens])
+    specials = set(tokenizer.special_tokens.values())
+    text = Text()
+    for tid, piece, role, masked in zip(ids, token_texts(tokenizer, ids), rendered.roles, ctx.loss_mask):
+        style = ROLE_STYLES.get(role, "") + (" bold underline" if masked else "")
+        if tid in specials:
+            text.append(piece, style=style + " reverse")
+            continue
+        for k, part in enumerate(piece.split("\n")):
+            if k:
+                text.append("↵", style="grey42")
+                text.append("\n")
+            text.append(part, style=style)
+    console = Console(highlight=False)
+    console.print(text)
+    if max_tokens is not None and len(ctx.token_ids) > max_tokens:
+        console.print(f"[grey50]... {len(ctx.token_ids) - max_tokens} more tokens[/]")
+    table = Table(title=f"{ctx.n_tokens} tokens, {len(ctx.view.messages)} messages", title_justify="left")
+    for col in ("#", "role", "how", "events", "tokens", "loss-masked"):
+        table.add_column(col, justify="right" if col in ("#", "tokens", "loss-masked") else "left")
+    for span in rendered.spans:
+        msg = ctx.view.messages[span.index]
+        events = ", ".join(msg.provenance.event_ids[:4]) + (" ..." if len(msg.provenance.event_ids) > 4 else "")
+        table.add_row(str(span.index), Text(msg.role, style=ROLE_STYLES.get(msg.role, "")), msg.provenance.how, events,
+                      str(span.end - span.start), str(sum(ctx.loss_mask[span.start:span.end])))
+    console.print(table)
+    counts = Counter(rendered.roles)
+    console.print("tokens by role: " + ", ".join(f"{r} {counts[r]}" for r in ROLE_STYLES if counts.get(r)))
+    console.print(f"tokenizer {rendered.tokenizer_id}  ·  template {rendered.template_id}  ·  drifts {len(rendered.drifts)}")
+    console.print(f"hash {ctx.hash}")
+    console.print("[grey50]bold underline = loss mask 1 (tokens the policy produced); reversed = special token[/]")
 
 
 def register_samples(subparsers: Any) -> None:
