@@ -42,12 +42,19 @@ separately, by `templates.py`)."""
 
 
 class _LRU:
-    """A small bounded mapping with least-recently-used eviction (thread-safe)."""
+    """A bounded mapping with least-recently-used eviction (thread-safe): at most `maxsize` entries and,
+    when keys are `(text, ...)` tuples, at most `maxchars` characters of key text."""
 
-    def __init__(self, maxsize: int):
+    def __init__(self, maxsize: int, maxchars: int = 32_000_000):
         self.maxsize = maxsize
+        self.maxchars = maxchars
+        self._chars = 0
         self._data: OrderedDict[Any, Any] = OrderedDict()
         self._lock = threading.Lock()
+
+    @staticmethod
+    def _weight(key: Any) -> int:
+        return len(key[0]) if isinstance(key, tuple) and key and isinstance(key[0], str) else 0
 
     def get(self, key: Any) -> Any:
         with self._lock:
@@ -58,10 +65,13 @@ class _LRU:
 
     def put(self, key: Any, value: Any) -> None:
         with self._lock:
+            if key not in self._data:
+                self._chars += self._weight(key)
             self._data[key] = value
             self._data.move_to_end(key)
-            while len(self._data) > self.maxsize:
-                self._data.popitem(last=False)
+            while len(self._data) > self.maxsize or (self._chars > self.maxchars and len(self._data) > 1):
+                old, _ = self._data.popitem(last=False)
+                self._chars -= self._weight(old)
 
     def __len__(self) -> int:
         return len(self._data)

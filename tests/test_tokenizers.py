@@ -148,9 +148,22 @@ def test_errors_are_typed(tmp_path):
         tok.encode(123)  # type: ignore[arg-type]
 
 
-def test_count_cache_is_bounded():
+def test_caches_are_bounded():
+    from ctxkit.tokenizers import _LRU
+
     tok = load_tokenizer(str(tokenizer_dir("smollm2-135m-instruct")))
-    for i in range(70000):
-        tok._count_cache.put(i, i)
-    assert len(tok._count_cache) == 65536
     assert isinstance(tok, Tokenizer)
+    cache = _LRU(100, maxchars=1000)
+    for i in range(150):
+        cache.put(i, i)
+    assert len(cache) == 100 and cache.get(0) is None and cache.get(149) == 149
+    pieces = _LRU(100, maxchars=1000)
+    for i in range(20):
+        pieces.put(("x" * 100 + str(i), True), (i,))
+    assert len(pieces) <= 10 and pieces.get(("x" * 100 + "19", True)) == (19,)
+
+
+def test_hub_id_offline_is_typed(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(TokenizerError, match="cannot load Hugging Face tokenizer 'ctxkit-test/does-not-exist'"):
+        load_tokenizer("ctxkit-test/does-not-exist")
