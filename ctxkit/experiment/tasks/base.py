@@ -111,7 +111,10 @@ def task_class(name: str) -> type:
 
 def make_task(name: str, params: Mapping[str, Any] | None = None, *, where: str = "config") -> Task:
     """Build task `name` from config `params`, checking names and types (`ConfigError` says where)."""
-    cls = task_class(name)
+    try:
+        cls = task_class(name)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
     params = dict(params or {})
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(params) - set(fields))

@@ -1,0 +1,106 @@
+"""Configs: every mistake is a ConfigError naming the file and the problem, before any episode runs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from experiment_configs import small_toml, write_config
+from ctxkit.cli import main
+from ctxkit.errors import ConfigError
+from ctxkit.experiment.config import load_config, parse_config, resolve_tokenizer
+from ctxkit.experiment.runner import run_experiment, validate
+
+
+def test_small_config_parses_into_the_paired_grid(tmp_path):
+    cfg = load_config(write_config(tmp_path, small_toml()))
+    assert [a.name for a in cfg.arms] == ["window", "window+pins"]
+    assert [a.pins for a in cfg.arms] == [False, True]
+    assert cfg.baseline == "window+pins" and cfg.seeds == (0, 1)
+    assert cfg.limits.max_steps == 20 and cfg.limits.max_context == 900
+    grid = [s.key for s in cfg.episodes()]
+    assert len(grid) == len(set(grid)) == 2 * 2 * 2
+    assert grid[0] == "window/constraint-edit-0"
+    validate(cfg)
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda t: t.replace("[tasks.needle-recall]", "[tasks.needle-recal]"), r"unknown task 'needle-recal'"),
+    (lambda t: t.replace("n_files = 4\nlines_per_file = 8\n[tasks.needle", "n_file = 4\nlines_per_file = 8\n[tasks.needle"),
+     r"task 'constraint-edit' has no parameter\(s\) \['n_file'\]"),
+    (lambda t: t.replace("[agents.scripted]", "[agents.scripted]\nkind = \"scrypted\""), r"unknown agent 'scrypted'"),
+    (lambda t: t.replace("[agents.scripted]", "[agents.scripted]\ntemperature = 0.5"), r"\[agents.scripted\].*takes no parameters"),
+    (lambda t: t.replace('compressor = "window"\nparams = { keep_first = 1 }\npins = false', 'compressor = "windoww"'),
+     r"arm 'window'.*unknown compressor 'windoww'"),
+    (lambda t: t.replace("params = { keep_first = 1 }\npins = false", "params = { keep_frist = 1 }\npins = false"),
+     r"arm 'window'.*unknown parameter\(s\) \['keep_frist'\]"),
+    (lambda t: t.replace("budget = 900", "budget = 200"), r"budget 200 is too small for the opening context"),
+    (lambda t: t.replace("max_context = 900", "max_context = 150"), r"opening context is \d+ tokens, over \[limits\] max_context = 150"),
+    (lambda t: t.replace('baseline = "window+pins"', 'baseline = "nope"'), r"baseline 'nope' is not an arm"),
+    (lambda t: t.replace("seeds = [0, 1]", "seeds = [0, 0]"), r"repeat a value"),
+    (lambda t: t.replace("seeds = [0, 1]", "seeds = -2"), r"seeds is -2"),
+    (lambda t: t.replace('name = "small"', 'name = "small"\nbudgett = 3'), r"unknown key\(s\) \['budgett'\]"),
+    (lambda t: t.replace("max_steps = 20", "max_step = 20"), r"\[limits\] has unknown key\(s\) \['max_step'\]"),
+    (lambda t: t.replace("max_steps = 20", "max_steps = 0"), r"max_steps is 0"),
+    (lambda t: t.replace('name = "window+pins"', 'name = "window"'), r"arm name\(s\) \['window'\] are used more than once"),
+    (lambda t: t.replace("pins = false", 'pins = "no"'), r"pins is 'no'"),
+    (lambda t: t.replace("[report]", "[report]\nconfidence = 2.0"), r"confidence is 2.0"),
+    (lambda t: t.replace("tokenizer = ", "tokenizer = \"/nonexistent/tok\"\n#"), r"tokenizer '/nonexistent/tok' cannot be loaded"),
+    (lambda t: t + "\n[[arms]]\nname = \"x\"\ncompressor = \"window\"\nagent = \"llm\"\n", r"agent 'llm' is not configured"),
+    (lambda t: t.replace("[report]", "[[arms]]\nname = \"a/b\"\ncompressor = \"window\"\n[report]"), r"name is 'a/b'"),
+])
+def test_bad_configs_fail_before_any_episode_runs(tmp_path, edit, message):
+    path = write_config(tmp_path, edit(small_toml()))
+    out = tmp_path / "run"
+    with pytest.raises(ConfigError, match=message) as info:
+        run_experiment(load_config(path), out, progress=False)
+    assert str(path) in str(info.value)
+    assert not (out / "episodes").exists() and not (out / "results.jsonl").exists()
+
+
+def test_cli_reports_config_errors_with_exit_code_2(tmp_path, capsys):
+    path = write_config(tmp_path, small_toml().replace("budget = 900", "budget = 200"))
+    assert main(["ablate", str(path), "--out", str(tmp_path / "run"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "ctxkit: error:" in err and "too small for the opening context" in err and str(path) in err
+    assert main(["ablate", str(tmp_path / "missing.toml"), "--out", str(tmp_path / "r")]) == 2
+    assert "config file not found" in capsys.readouterr().err
+    bad = write_config(tmp_path, "name = [", "bad.toml")
+    assert main(["ablate", str(bad), "--out", str(tmp_path / "r")]) == 2
+    assert "not valid TOML" in capsys.readouterr().err
+    good = write_config(tmp_path, small_toml(), "good.toml")
+    assert main(["ablate", str(good), "--out", str(tmp_path / "r"), "--validate-only"]) == 0
+    assert "8 episodes: 2 arms x 2 tasks x 2 seeds" in capsys.readouterr().out
+    assert not (tmp_path / "r").exists()
+
+
+def test_tokenizer_paths_resolve_against_shared_or_the_repository(tmp_path, monkeypatch):
+    repo = tmp_path / "repo"
+    (repo / "experiments").mkdir(parents=True)
+    (tmp_path / "shared" / "tokenizers" / "t").mkdir(parents=True)
+    cfg_dir = repo / "experiments"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("CTXKIT_SHARED", raising=False)
+    # relative to the repository root (the config folder's parent)
+    assert resolve_tokenizer("../shared/tokenizers/t", cfg_dir) == str((tmp_path / "shared" / "tokenizers" / "t").resolve())
+    monkeypatch.setenv("CTXKIT_SHARED", "/elsewhere/shared")
+    assert resolve_tokenizer("../shared/tokenizers/t", cfg_dir) == os.path.join("/elsewhere/shared", "tokenizers", "t")
+    assert resolve_tokenizer("tiktoken:cl100k_base", cfg_dir) == "tiktoken:cl100k_base"
+    assert resolve_tokenizer("HuggingFaceTB/SmolLM2-135M-Instruct", cfg_dir) == "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def test_quickstart_config_validates():
+    repo = Path(__file__).resolve().parents[2]
+    cfg = load_config(repo / "experiments" / "quickstart.toml")
+    assert len(cfg.arms) >= 5 and len(cfg.tasks) == 4
+    assert {a.compressor for a in cfg.arms} >= {"keep-all", "window", "mask-observations"}
+    assert any(not a.pins for a in cfg.arms) and any(a.pins and a.compressor == "window" for a in cfg.arms)
+
+
+def test_parse_config_defaults():
+    cfg = parse_config({"tokenizer": "tiktoken:cl100k_base", "tasks": {"multi-hop": {}},
+                        "arms": [{"name": "k", "compressor": "keep-all"}]})
+    assert cfg.seeds == (0, 1, 2) and cfg.baseline == "k" and cfg.agents[0].kind == "scripted"
+    assert cfg.arms[0].pins is True and cfg.arms[0].budget == 32_768

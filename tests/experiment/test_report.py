@@ -1,0 +1,97 @@
+"""Report: exact aggregates from constructed rows, CIs against the baseline, `ctxkit report` re-renders."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ctxkit.cli import main
+from ctxkit.experiment.report import render_markdown, summarize, write_report
+
+
+def _row(arm, task, seed, *, quality, tokens, wall, cause="answered", outcome="terminated", tool_calls=4, gen=10):
+    return {
+        "arm": arm, "task": task, "seed": seed, "episode_id": f"{arm}/{task}-{seed}", "agent": "scripted",
+        "compressor": {"name": f"{arm}-v1", "params": {"keep_first": 1, "trigger": "over_budget"}},
+        "budget": 1000, "pins_detection": arm != "b", "outcome": outcome, "cause": cause,
+        "completed": cause in ("answered", "constraint_violated"), "discarded": cause == "context_budget",
+        "timed_out": cause == "wall_time", "quality": quality, "violations": int(cause == "constraint_violated"),
+        "steps": 5, "tool_calls": tool_calls, "repeated_tool_calls": 1, "prompt_tokens_total": tokens,
+        "peak_context": tokens // 5, "compression_ratio": 1.5, "prefix_reuse": 0.5, "generated_tokens": gen,
+        "loss_tokens": 0 if cause == "context_budget" else gen,
+        "timing": {"wall_s": wall, "build_s": wall * 0.5, "generate_s": wall * 0.2, "prefill_s": wall * 0.1,
+                   "decode_s": wall * 0.1, "tool_s": wall * 0.1, "other_s": wall * 0.2, "tool_waits": [0.1, 0.2]},
+    }
+
+
+ROWS = [
+    _row("a", "t", 0, quality=1.0, tokens=1000, wall=1.0),
+    _row("a", "t", 1, quality=1.0, tokens=2000, wall=2.0),
+    _row("a", "u", 0, quality=0.0, tokens=3000, wall=3.0, cause="context_budget", outcome="truncated"),
+    _row("b", "t", 0, quality=0.0, tokens=600, wall=1.0, cause="constraint_violated"),
+    _row("b", "t", 1, quality=1.0, tokens=1600, wall=2.0),
+    _row("b", "u", 0, quality=1.0, tokens=2600, wall=3.0),
+]
+
+
+def test_summary_aggregates_exactly():
+    s = summarize(ROWS, baseline="a", n_resamples=500, seed=1)
+    assert s["arms"] == ["a", "b"] and s["baseline"] == "a" and s["n_episodes"] == 6
+    a, b = s["per_arm"]["a"], s["per_arm"]["b"]
+    assert a["completion"] == pytest.approx(2 / 3) and a["quality"] == pytest.approx(2 / 3) and a["truncated"] == pytest.approx(1 / 3)
+    assert a["causes"] == {"terminated/answered": 2, "truncated/context_budget": 1}
+    assert b["violations"] == 1 and b["completion"] == 1.0
+    assert a["prompt_tokens_total"] == {"p50": 2000.0, "p90": 2800.0, "p99": 2980.0}
+    t = a["time"]
+    assert t["wall_s"] == 6.0 and t["build_s"] == 3.0 and t["tool_s"] == pytest.approx(0.6)
+    assert t["generated_tok_per_s"] == pytest.approx(30 / 1.2)
+    assert t["loss_tok_per_s"] == pytest.approx(20 / 6.0)
+    assert t["discard_rate"] == pytest.approx(1 / 3) and t["timeout_rate"] == 0.0
+    assert t["tool_wait"]["p50"] == pytest.approx(0.15)
+    # stages build 3.0, generate 1.2, tool 0.6 overlap; other 1.2 does not
+    assert t["serial_s"] == pytest.approx(6.0) and t["bound_s"] == pytest.approx(4.2) and t["bottleneck"] == "build"
+    # b minus a, paired by (task, seed): tokens -400 on every pair -> a degenerate interval
+    d = s["diffs"]["b"]
+    assert d["prompt tokens"].mean_diff == -400 and d["prompt tokens"].low == -400 and d["prompt tokens"].high == -400
+    assert d["quality"].mean_diff == pytest.approx(0.0) and d["quality"].n_pairs == 3
+    assert d["violations"].mean_diff == pytest.approx(1 / 3)
+    assert s["per_task"] == {"t": {"a": 1.0, "b": 0.5}, "u": {"a": 0.0, "b": 1.0}}
+
+
+def test_markdown_tables():
+    s = summarize(ROWS, baseline="a", n_resamples=200)
+    text = render_markdown(s, title="T", run_dir="runs/x")
+    assert text.startswith("# T\n")
+    diff_row = next(line for line in text.splitlines() if line.startswith("| b | 0 ["))  # quality column first
+    cells = [c.strip() for c in diff_row.strip("|").split("|")]
+    assert cells[4] == "-400 [-400, -400] *"  # prompt tokens: excludes zero
+    assert not cells[1].endswith("*")  # quality: 0 difference
+    assert "| a | terminated/answered: 2, truncated/context_budget: 1 |" in text
+    assert "ctxkit replay --verify runs/x/episodes/<arm>/<task>-<seed>.jsonl" in text
+    assert "ctxkit audit runs/x" in text
+
+
+def test_cli_report_rerenders_from_results(tmp_path, capsys):
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    (tmp_path / "run.json").write_text(json.dumps({"experiment": {"name": "demo", "baseline": "b", "arms": [{"name": "b"}, {"name": "a"}],
+                                                                  "report": {"bootstrap_resamples": 300, "bootstrap_seed": 2}}}))
+    assert main(["report", str(tmp_path)]) == 0
+    first = (tmp_path / "report.md").read_text()
+    assert first.startswith("# ctxkit ablation: demo") and "baseline `b`" in first and "300 resamples" in first
+    assert first.index("| b |") < first.index("| a |")
+    (tmp_path / "report.md").unlink()
+    (tmp_path / "quality_vs_tokens.png").unlink()
+    assert main(["report", str(tmp_path), "--print"]) == 0
+    assert (tmp_path / "report.md").read_text() == first
+    assert (tmp_path / "quality_vs_tokens.png").read_bytes()[:4] == b"\x89PNG"
+    assert "# ctxkit ablation: demo" in capsys.readouterr().out
+
+
+def test_report_of_an_empty_run_is_an_error(tmp_path):
+    from ctxkit.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="no results rows"):
+        write_report(tmp_path)
+    (tmp_path / "results.jsonl").write_text(json.dumps(ROWS[0]) + "\n" + '{"arm": "a", "tor')  # torn last line
+    assert write_report(tmp_path).exists()
