@@ -26,6 +26,7 @@ import secrets
 import threading
 import time
 import uuid
+from collections import abc
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -114,16 +115,28 @@ def _line_hash(prev: str, canonical: bytes) -> str:
 
 def _check_finite(value: Any, where: str) -> None:
     """orjson writes NaN and infinities as null; refuse them rather than lose them silently."""
-    if isinstance(value, float):
+    kind = type(value)
+    if kind in _LEAVES:
+        return
+    if kind is float:
         if not math.isfinite(value):
             raise ConfigError(f"{where} is {value!r}; a log holds only finite numbers (JSON has no NaN/inf)")
     elif isinstance(value, (list, tuple)):
+        try:  # fast path (in C) for numeric sequences: token ids, log-probs
+            if math.isfinite(math.fsum(value)):
+                return
+        except (TypeError, OverflowError):
+            pass
         for i, item in enumerate(value):
-            if not isinstance(item, (int, str)):  # fast path for ids/texts
-                _check_finite(item, f"{where}[{i}]")
-    elif isinstance(value, Mapping):
+            _check_finite(item, f"{where}[{i}]")
+    elif isinstance(value, (dict, abc.Mapping)):
         for key, item in value.items():
             _check_finite(item, f"{where}.{key}")
+    elif isinstance(value, float):
+        _check_finite(float(value), where)
+
+
+_LEAVES = frozenset({str, int, bool, type(None)})
 
 
 def _dumps_checked(obj: Any, where: str) -> bytes:
@@ -247,11 +260,14 @@ def _torn_problem(scan: _Scan, path: Path) -> _Bad:
 
 @contextmanager
 def _maybe_locked(path: Path):
-    """Hold the log's lock when the lock file can be created (read-only folders are read unlocked)."""
+    """Hold the log's lock when the log exists and the lock file can be created (read-only folders are
+    read unlocked; a missing log gets no stray lock file)."""
     from filelock import FileLock
 
     lock = FileLock(str(path) + ".lock")
     try:
+        if not path.is_file():
+            raise FileNotFoundError(path)
         lock.acquire()
     except OSError:
         yield
@@ -350,8 +366,7 @@ class EventLog:
             tmp.unlink(missing_ok=True)
         if durability != "none":
             _fsync_dir(path)
-        return cls(path, {k: v for k, v in header.items()}, _Scan(header=header, last_hash=digest,
-                                                               n_lines=1, good_len=len(line)), durability)
+        return cls(path, header, _Scan(header=header, last_hash=digest, n_lines=1, good_len=len(line)), durability)
 
     @classmethod
     def open(cls, path, *, durability: str = "batch", repair: bool = False) -> "EventLog":

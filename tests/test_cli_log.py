@@ -108,6 +108,7 @@ def test_missing_file_is_an_error(tmp_path, capsys):
     assert main(["log", "verify", str(tmp_path / "none.jsonl")]) == 2
     assert "no such log file" in capsys.readouterr().err
     assert main(["export", str(tmp_path / "none.jsonl")]) == 2
+    assert list(tmp_path.iterdir()) == []  # no stray lock file for a log that is not there
 
 
 @pytest.mark.parametrize("argv", [["log", "--help"], ["log", "verify", "--help"], ["import", "--help"], ["export", "--help"]])
