@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Any, Iterable, Literal, Mapping, Sequence
 
 import orjson
@@ -106,6 +107,13 @@ class ViewMessage:
         if self.token_ids is not None:
             out["token_ids"] = list(self.token_ids)
         return out
+
+    @cached_property
+    def digest(self) -> bytes:
+        """sha256 of the canonical JSON (sorted keys) of `to_chat()` plus the provenance (computed once)."""
+        d = self.to_chat()
+        d["provenance"] = [self.provenance.how, list(self.provenance.event_ids)]
+        return hashlib.sha256(orjson.dumps(d, option=orjson.OPT_SORT_KEYS, default=_jsonable)).digest()
 
 
 @dataclass(frozen=True)
@@ -263,16 +271,27 @@ def pinned_block_text(texts: Sequence[str]) -> str:
 
 
 def view_hash(messages: Sequence[ViewMessage], tools: Sequence[Mapping[str, Any]], pin_ids: Sequence[str]) -> str:
-    """sha256 hex over the canonical JSON (sorted keys) of messages with provenance, tools and pin ids."""
+    """sha256 hex over each message's `digest` (canonical JSON with provenance), the tools' canonical JSON
+    and the active pin ids."""
     h = hashlib.sha256(b"ctxkit-view-v1")
-    for m in messages:
-        d = m.to_chat()
-        d["provenance"] = [m.provenance.how, list(m.provenance.event_ids)]
-        h.update(orjson.dumps(d, option=orjson.OPT_SORT_KEYS, default=_jsonable))
-        h.update(b"\n")
-    h.update(orjson.dumps([dict(t) for t in tools], option=orjson.OPT_SORT_KEYS, default=_jsonable))
+    h.update(b"".join(m.digest for m in messages))
+    h.update(_tools_digest(tuple(tools)))
     h.update(orjson.dumps(list(pin_ids)))
     return h.hexdigest()
+
+
+_TOOLS_DIGESTS: dict[int, tuple[Any, bytes]] = {}
+
+
+def _tools_digest(tools: tuple[Mapping[str, Any], ...]) -> bytes:
+    hit = _TOOLS_DIGESTS.get(id(tools))
+    if hit is not None and hit[0] is tools:
+        return hit[1]
+    digest = hashlib.sha256(orjson.dumps([dict(t) for t in tools], option=orjson.OPT_SORT_KEYS, default=_jsonable)).digest()
+    if len(_TOOLS_DIGESTS) > 64:
+        _TOOLS_DIGESTS.clear()
+    _TOOLS_DIGESTS[id(tools)] = (tools, digest)
+    return digest
 
 
 def _jsonable(obj: Any) -> Any:

@@ -180,6 +180,14 @@ def require_int(name: str, params: Mapping[str, Any], key: str, *, minimum: int 
     return v
 
 
+def require_fraction(name: str, params: Mapping[str, Any], key: str) -> float:
+    """`params[key]` as a number in (0, 1], or a `ConfigError` naming it."""
+    v = params[key]
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
+        raise ConfigError(f"{name}: parameter {key!r} is {v!r}; expected a number in (0, 1]")
+    return float(v)
+
+
 def require_choice(name: str, params: Mapping[str, Any], key: str, choices: Sequence[str]) -> str:
     """`params[key]` if it is one of `choices`, or a `ConfigError` naming them."""
     v = params[key]

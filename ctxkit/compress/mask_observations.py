@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ctxkit.compress.base import BaseCompressor, CompressionRequest, require_choice, require_int
-from ctxkit.compress.window import base_messages, fit_window
+from ctxkit.compress.base import BaseCompressor, CompressionRequest, require_choice, require_fraction, require_int
+from ctxkit.compress.window import base_messages, estimate_size, fit_window
 from ctxkit.errors import ConfigError
 from ctxkit.events import ToolResult, content_text
 from ctxkit.view import View, apply_edits
@@ -30,15 +30,19 @@ class MaskObservations(BaseCompressor):
         "placeholder": DEFAULT_PLACEHOLDER,
         "fallback": "window",
         "keep_first": 2,
+        "target_fraction": 0.75,
     }
     """`keep_last`: assistant turns whose tool outputs stay unmasked; `placeholder`: format string with
     `{event_id}`, `{n_tokens}` and `{name}`; `fallback`: `"window"` drops oldest turns when masking is not
-    enough, `"none"` leaves it to the builder's budget check; `keep_first`: messages the fallback keeps."""
+    enough, `"none"` leaves it to the builder's budget check; `keep_first`: messages the fallback keeps;
+    `target_fraction`: if masking beyond `keep_last` leaves the view above `target_fraction * budget`,
+    fewer turns stay unmasked (halving down to 1), then the fallback cuts to that size."""
 
     def check_params(self, p: Mapping[str, Any]) -> None:
         require_int(self.NAME, p, "keep_last", minimum=0)
         require_int(self.NAME, p, "keep_first", minimum=0)
         require_choice(self.NAME, p, "fallback", ("window", "none"))
+        require_fraction(self.NAME, p, "target_fraction")
         ph = p["placeholder"]
         try:
             if not isinstance(ph, str):
@@ -60,17 +64,22 @@ class MaskObservations(BaseCompressor):
         edits: list[dict[str, Any]] = []
         size = n_tokens
         used_keep = p["keep_last"]
-        for keep in keeps:
+        target = int(p["target_fraction"] * request.budget)
+        for i, keep in enumerate(keeps):
             edits = mask_edits(request, view, keep, p["placeholder"], originals)
             candidate = apply_edits(view, edits, where=self.spec.name) if edits else view
-            size = request.measure(candidate)
             used_keep = keep
-            if size <= request.budget:
+            # measure exactly only a candidate estimated to fit (or the last one)
+            if i < len(keeps) - 1 and estimate_size(request.tokenizer, view, n_tokens, candidate) > target:
+                continue
+            size = request.measure(candidate)
+            if size <= target:
                 break
         details: dict[str, Any] = {"masked": sum(1 for e in edits if e["op"] == "mask"), "keep_last_used": used_keep}
-        if size > request.budget and p["fallback"] == "window":
+        if size > target and p["fallback"] == "window":
             candidate = apply_edits(view, edits, where=self.spec.name) if edits else view
-            more, _, size = fit_window(request, candidate, size, keep_first=p["keep_first"], who=self.spec.name)
+            more, _, size = fit_window(request, candidate, size, keep_first=p["keep_first"], target=target,
+                                       who=self.spec.name)
             edits = edits + more
         details["tokens_after"] = size
         return edits, details

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ctxkit.compress.base import BaseCompressor, CompressionRequest, require_choice, require_int
+from ctxkit.compress.base import BaseCompressor, CompressionRequest, require_choice, require_fraction, require_int
 from ctxkit.compress.window import base_messages, fit_window
 from ctxkit.view import apply_edits
 
@@ -23,16 +23,19 @@ class TruncateToolOutput(BaseCompressor):
 
     NAME = "truncate-tool-output"
     VERSION = 1
-    DEFAULTS: Mapping[str, Any] = {"max_tokens": 256, "keep": "head_tail", "fallback": "window", "keep_first": 2}
+    DEFAULTS: Mapping[str, Any] = {"max_tokens": 256, "keep": "head_tail", "fallback": "window", "keep_first": 2,
+                                   "target_fraction": 0.75}
     """`max_tokens`: cap per tool output (marker included); `keep`: which part survives; `fallback`:
-    `"window"` drops oldest turns if capping is not enough, `"none"` leaves it to the budget check;
-    `keep_first`: messages the fallback keeps."""
+    `"window"` drops oldest turns if capping leaves the view over budget (cutting it to
+    `target_fraction * budget`), `"none"` leaves it to the budget check; `keep_first`: messages the
+    fallback keeps."""
 
     def check_params(self, p: Mapping[str, Any]) -> None:
         require_int(self.NAME, p, "max_tokens", minimum=32)
         require_choice(self.NAME, p, "keep", KEEPS)
         require_choice(self.NAME, p, "fallback", ("window", "none"))
         require_int(self.NAME, p, "keep_first", minimum=0)
+        require_fraction(self.NAME, p, "target_fraction")
 
     def propose(self, request: CompressionRequest, n_tokens: int):
         p = self.params
@@ -51,7 +54,8 @@ class TruncateToolOutput(BaseCompressor):
             view = apply_edits(view, edits, where=self.spec.name)
             size = request.measure(view)
         if size > request.budget and p["fallback"] == "window":
-            more, _, size = fit_window(request, view, size, keep_first=p["keep_first"], who=self.spec.name)
+            more, _, size = fit_window(request, view, size, keep_first=p["keep_first"],
+                                       target=int(p["target_fraction"] * request.budget), who=self.spec.name)
             edits = edits + more
         details["tokens_after"] = size
         return edits, details

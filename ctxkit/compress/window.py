@@ -1,5 +1,8 @@
 """`window`: keep the first messages and as many recent turns as fit (L2).
 
+Compaction happens when the trigger fires (by default: the view is over budget) and cuts the view to
+`target_fraction` of the budget (default 0.75), so it is amortized over the following turns.
+
 A turn group is an assistant message together with the tool results answering its calls, or any other
 single message. Whole groups are dropped, oldest first, so no tool call or result is ever orphaned.
 `fit_window` is shared with the other strategies as their last-resort fallback.
@@ -19,10 +22,12 @@ class Window(BaseCompressor):
 
     NAME = "window"
     VERSION = 1
-    DEFAULTS: Mapping[str, Any] = {"keep_first": 2, "keep_last": 1, "target_fraction": 1.0}
+    DEFAULTS: Mapping[str, Any] = {"keep_first": 2, "keep_last": 1, "target_fraction": 0.75}
     """`keep_first`: leading messages always kept (system, task; extended to a whole group);
-    `keep_last`: newest turn groups always kept (at least 1); `target_fraction`: size to cut down to, as
-    a fraction of the budget (below 1.0 leaves room so the next turns need no compaction)."""
+    `keep_last`: newest turn groups always kept (at least 1); `target_fraction`: when compacting, keep as
+    many recent turns as fit in `target_fraction * budget`. Below 1.0 leaves room, so the next turns
+    append without a compaction: consecutive contexts extend each other (KV-cache reuse, training
+    samples merge) and compaction cost is amortized. 1.0 refills the budget at every turn."""
 
     def check_params(self, p: Mapping[str, Any]) -> None:
         require_int(self.NAME, p, "keep_first", minimum=0)
@@ -82,6 +87,19 @@ def message_cost(tokenizer: Any, m: ViewMessage) -> int:
     if m.reasoning_content:
         n += tokenizer.count(m.reasoning_content)
     return n
+
+
+def estimate_size(tokenizer: Any, view: View, n_tokens: int, candidate: View) -> int:
+    """Estimated render size of `candidate` from the measured size `n_tokens` of `view`: the text-token
+    difference of the messages that differ, plus a per-message scaffold calibrated on `view`. Used to
+    choose which candidate to measure exactly; never a substitute for the measurement."""
+    text = sum(message_cost(tokenizer, m) for m in view.messages)
+    per_msg = max(0.0, (n_tokens - text) / max(1, len(view.messages)))
+    old = {id(m) for m in view.messages}
+    new = {id(m) for m in candidate.messages}
+    added = sum(message_cost(tokenizer, m) + per_msg for m in candidate.messages if id(m) not in old)
+    removed = sum(message_cost(tokenizer, m) + per_msg for m in view.messages if id(m) not in new)
+    return int(n_tokens + added - removed)
 
 
 def fit_window(
