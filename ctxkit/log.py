@@ -306,7 +306,7 @@ def _fsync_dir(path: Path) -> None:
 class EventLog:
     """An open episode log: appends events and keeps every event in memory (reading is free)."""
 
-    def __init__(self, path: Path, header: dict[str, Any], scan: _Scan, durability: str):
+    def __init__(self, path: Path, header: dict[str, Any], scan: _Scan, durability: str, repair: bool = False):
         """Use `EventLog.create` or `EventLog.open`."""
         from filelock import FileLock
 
@@ -321,6 +321,7 @@ class EventLog:
         self._offset = scan.good_len
         self._lock = FileLock(str(path) + ".lock")
         self._mutex = threading.RLock()
+        self._repair = repair
         self._fd: int | None = os.open(path, os.O_RDWR | os.O_APPEND)
 
     @staticmethod
@@ -371,7 +372,8 @@ class EventLog:
     @classmethod
     def open(cls, path, *, durability: str = "batch", repair: bool = False) -> "EventLog":
         """Open an existing log, verifying every line. A torn last line is a `TornLineError` unless
-        `repair=True`, which repairs it first (see `repair`)."""
+        `repair=True`, which repairs it first (see `repair`), and also repairs a torn tail that another,
+        crashed writer leaves before one of our appends."""
         cls._check_durability(durability)
         path = Path(path)
         with _maybe_locked(path):
@@ -381,7 +383,7 @@ class EventLog:
                     raise _torn_problem(scan, path).error(path)
                 _repair_tail(path, scan)
                 scan = _checked_scan(path, _read(path))
-        return cls(path, scan.header, scan, durability)  # type: ignore[arg-type]
+        return cls(path, scan.header, scan, durability, repair)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ reading
 
@@ -518,11 +520,8 @@ class EventLog:
         data = b"".join(chunks)
         complete = data.rfind(b"\n") + 1
         first = len(self._events) + 2
-        if complete != len(data):
-            n_lines = first - 1 + data[:complete].count(b"\n")
-            raise _torn_problem(_Scan(n_lines=n_lines, torn=data[complete:]), self.path).error(self.path)
         prev, new = self._last_hash, []
-        for i, raw in enumerate(data[:-1].split(b"\n")):
+        for i, raw in enumerate(data[: max(complete - 1, 0)].split(b"\n") if complete else ()):
             try:
                 event, prev = _check_line(raw, first + i, prev)
             except _Bad as bad:
@@ -530,8 +529,14 @@ class EventLog:
             new.append(event)
         self._events.extend(new)
         self._last_hash = prev
-        self._offset = size
+        self._offset += complete
         self._cache = None
+        if complete != len(data):  # another writer died mid-line
+            scan = _Scan(n_lines=len(self._events) + 1, torn=data[complete:], last_hash=prev, good_len=self._offset)
+            if not self._repair:
+                raise _torn_problem(scan, self.path).error(self.path)
+            _repair_tail(self.path, scan)
+            self._sync_tail()  # a tail that only lacked its newline is now a line to read
 
 
 def _checked_scan(path: Path, data: bytes) -> _Scan:

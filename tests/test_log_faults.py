@@ -170,6 +170,24 @@ def test_append_after_another_writer_tore_the_tail(tmp_path):
     log.close(), other.close()
 
 
+def test_handle_opened_with_repair_fixes_a_tail_torn_by_another_writer(tmp_path):
+    path = _log_with(tmp_path, 2)
+    log = EventLog.open(path, repair=True)
+    with EventLog.open(path) as other:
+        other.append(Message(role="user", content="from other"))
+    with open(path, "ab") as fh:
+        fh.write(b'{"content":"half')
+    assert log.append(Message(role="user", content="mine")).seq == 3
+    assert (tmp_path / "ep.jsonl.torn").read_bytes() == b'{"content":"half'
+    with EventLog.open(path) as other:  # a tail lacking only its newline is completed and read, not dropped
+        whole = other.append(Message(role="user", content="whole"))
+    path.write_bytes(path.read_bytes()[:-1])
+    assert log.append(Message(role="user", content="next")).seq == 5
+    assert log.events()[4] == whole
+    assert [e.content for e in read_events(path)] == ["msg-0 é", "msg-1 é", "from other", "mine", "whole", "next"]
+    log.close()
+
+
 FSIZE_WRITER = r"""
 import resource, signal, sys, os
 from ctxkit.events import Message
