@@ -33,11 +33,12 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
+from ctxkit.chat_messages import message_text, validate_message
 from ctxkit.errors import MessageFormatError, RenderError, TemplateError
-from ctxkit.templates import ChatTemplate, _plain, check_template, load_template, normalize_messages
+from ctxkit.template_check import strings_in, template_markers
+from ctxkit.templates import ChatTemplate, _plain, load_template, normalize_messages
 from ctxkit.tokenizers import Tokenizer, load_tokenizer
 
-MESSAGE_ROLES = ("system", "user", "assistant", "tool")
 TOKEN_ROLES = ("system", "user", "assistant", "tool", "scaffold", "generation_prompt")
 """Roles a token can have: the role of the message it renders, template scaffold, or a generation prompt."""
 
@@ -104,117 +105,6 @@ def context_hash(token_ids: Iterable[int]) -> str:
     return h.hexdigest()
 
 
-# ------------------------------------------------------------------------------------ validation
-
-
-def _content_text(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    return "".join(part.get("text", "") for part in content)
-
-
-def _validate(message: Any, index: int, call_ids: set[str], vocab_size: int) -> tuple[dict, tuple[int, ...] | None]:
-    """Check one OpenAI message; return it without `token_ids`, and the sampled ids if any."""
-    where = f"message {index}"
-    if not isinstance(message, Mapping):
-        raise MessageFormatError(f"{where}: expected a dict, got {type(message).__name__}")
-    role = message.get("role")
-    if role not in MESSAGE_ROLES:
-        raise MessageFormatError(f"{where}: unknown role {role!r} (expected one of {list(MESSAGE_ROLES)})")
-    content = message.get("content")
-    if isinstance(content, (list, tuple)):
-        for j, part in enumerate(content):
-            if not isinstance(part, Mapping) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
-                raise MessageFormatError(
-                    f"{where}: content part {j} is {kind!r}; only text parts {{'type': 'text', 'text': str}} are supported"
-                )
-    elif content is not None and not isinstance(content, str):
-        raise MessageFormatError(
-            f"{where}: content of type {type(content).__name__} is not supported (a string, None or a list of text parts)"
-        )
-    clean = {k: v for k, v in message.items() if k != "token_ids"}
-    sampled = None
-    if "token_ids" in message and message["token_ids"] is not None:
-        if role != "assistant":
-            raise MessageFormatError(f"{where}: only assistant messages may carry token_ids (role is {role!r})")
-        ids = message["token_ids"]
-        if not isinstance(ids, (list, tuple)) or not all(
-            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab_size for t in ids
-        ):
-            raise MessageFormatError(f"{where}: token_ids must be a list of ids in [0, {vocab_size})")
-        sampled = tuple(ids)
-    if role == "assistant" and message.get("tool_calls") is not None:
-        calls = message["tool_calls"]
-        if not isinstance(calls, (list, tuple)):
-            raise MessageFormatError(f"{where}: tool_calls must be a list, got {type(calls).__name__}")
-        for j, call in enumerate(calls):
-            fn = call.get("function", call) if isinstance(call, Mapping) else None
-            if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
-                raise MessageFormatError(f"{where}: tool call {j} has no function name")
-            if not isinstance(fn.get("arguments", {}), (str, Mapping)):
-                raise MessageFormatError(f"{where}: tool call {j} arguments must be a JSON string or an object")
-            if call.get("id") is not None:
-                call_ids.add(str(call["id"]))
-            else:
-                call_ids.add(f"#anonymous{index}.{j}")
-    if role == "tool":
-        call_id = message.get("tool_call_id")
-        if call_id is not None:
-            if str(call_id) not in call_ids:
-                raise MessageFormatError(
-                    f"{where}: tool result answers tool_call_id {call_id!r}, but no earlier assistant message made that call"
-                )
-        elif not call_ids:
-            raise MessageFormatError(f"{where}: tool result without a tool_call_id and no earlier tool call")
-    return clean, sampled
-
-
-# --------------------------------------------------------------------------------- template info
-
-
-@dataclass(frozen=True)
-class _Info:
-    generation_prompt: str
-    end_of_turn: str | None
-    end_of_turn_id: int | None
-    prefix_preserving: bool
-    markers: tuple[str, ...]
-
-
-_INFO: dict[tuple[str, str], _Info] = {}
-
-
-def _template_info(tok: Tokenizer, tpl: ChatTemplate) -> _Info:
-    key = (tpl.sha256, tok.id)
-    info = _INFO.get(key)
-    if info is None:
-        try:
-            report = check_template(tok, tpl)
-            gp, eot, pp = report.generation_prompt, report.end_of_turn, report.prefix_preserving
-        except TemplateError:
-            gp, eot, pp = "", tok.eos_token, False
-        markers = tuple(
-            sorted({p for p, special in tok.split_special(gp + (eot or "")) if special})
-        )
-        info = _Info(gp, eot, tok.special_tokens.get(eot) if eot else None, pp, markers)
-        _INFO[key] = info
-    return info
-
-
-def _strings(value: Any) -> Iterable[str]:
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, Mapping):
-        for v in value.values():
-            yield from _strings(v)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            yield from _strings(v)
-
-
 # ------------------------------------------------------------------------------------- renderer
 
 
@@ -238,7 +128,7 @@ class IncrementalRenderer:
         self.template: ChatTemplate = load_template(template, self.tokenizer)
         self.tools = None if tools is None else list(tools)
         self._tools_plain = None if tools is None else _plain(list(tools), "tools")
-        self._info = _template_info(self.tokenizer, self.template)
+        self._info = template_markers(self.tokenizer, self.template)
         self._compiled = None
         self._messages: list[dict] = []
         self._chat: list[dict] = []
@@ -278,10 +168,10 @@ class IncrementalRenderer:
     def append(self, message: Mapping[str, Any]) -> None:
         """Add one OpenAI message (validated; an assistant may carry sampled `token_ids`)."""
         index = len(self._messages)
-        clean, sampled = _validate(message, index, self._call_ids, self.tokenizer.vocab_size)
+        clean, sampled = validate_message(message, index, self._call_ids, self.tokenizer.vocab_size)
         chat = normalize_messages([clean])[0]
         if self._structural_ok and self._info.markers:
-            if any(m in s for s in _strings(chat) for m in self._info.markers):
+            if any(m in s for s in strings_in(chat) for m in self._info.markers):
                 self._structural_ok = False
         self._messages.append(dict(message))
         self._n_assistant += chat.get("role") == "assistant"
@@ -462,7 +352,7 @@ class IncrementalRenderer:
                 out.append(_Region(s, e, "assistant", i, "produced"))
                 cursor = e
             else:
-                body = _content_text(msg.get("content"))
+                body = message_text(msg.get("content"))
                 if not body:
                     continue
                 pos = text.find(body) if i == 0 and role == "system" else text.find(body, cursor)

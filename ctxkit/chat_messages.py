@@ -1,0 +1,85 @@
+"""Validation of OpenAI-format chat messages before rendering (L1).
+
+Roles are system | user | assistant | tool; content is a string, None or a list of text parts; a tool
+result must answer an earlier tool call; only assistant messages may carry sampled `token_ids`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from ctxkit.errors import MessageFormatError
+
+MESSAGE_ROLES = ("system", "user", "assistant", "tool")
+"""Roles a message may have."""
+
+
+def message_text(content: Any) -> str:
+    """The text of a message's content: a string, None (empty) or a list of text parts (joined)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(part.get("text", "") for part in content)
+
+
+def validate_message(
+    message: Any, index: int, call_ids: set[str], vocab_size: int
+) -> tuple[dict, tuple[int, ...] | None]:
+    """Check one OpenAI message (the `index`-th); return it without `token_ids`, and the sampled ids if any.
+
+    `call_ids` collects the ids of tool calls made so far (updated in place); a tool result must answer one.
+    Errors are `MessageFormatError`s naming the message index."""
+    where = f"message {index}"
+    if not isinstance(message, Mapping):
+        raise MessageFormatError(f"{where}: expected a dict, got {type(message).__name__}")
+    role = message.get("role")
+    if role not in MESSAGE_ROLES:
+        raise MessageFormatError(f"{where}: unknown role {role!r} (expected one of {list(MESSAGE_ROLES)})")
+    content = message.get("content")
+    if isinstance(content, (list, tuple)):
+        for j, part in enumerate(content):
+            if not isinstance(part, Mapping) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
+                raise MessageFormatError(
+                    f"{where}: content part {j} is {kind!r}; only text parts {{'type': 'text', 'text': str}} are supported"
+                )
+    elif content is not None and not isinstance(content, str):
+        raise MessageFormatError(
+            f"{where}: content of type {type(content).__name__} is not supported (a string, None or a list of text parts)"
+        )
+    clean = {k: v for k, v in message.items() if k != "token_ids"}
+    sampled = None
+    if "token_ids" in message and message["token_ids"] is not None:
+        if role != "assistant":
+            raise MessageFormatError(f"{where}: only assistant messages may carry token_ids (role is {role!r})")
+        ids = message["token_ids"]
+        if not isinstance(ids, (list, tuple)) or not all(
+            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab_size for t in ids
+        ):
+            raise MessageFormatError(f"{where}: token_ids must be a list of ids in [0, {vocab_size})")
+        sampled = tuple(ids)
+    if role == "assistant" and message.get("tool_calls") is not None:
+        calls = message["tool_calls"]
+        if not isinstance(calls, (list, tuple)):
+            raise MessageFormatError(f"{where}: tool_calls must be a list, got {type(calls).__name__}")
+        for j, call in enumerate(calls):
+            fn = call.get("function", call) if isinstance(call, Mapping) else None
+            if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
+                raise MessageFormatError(f"{where}: tool call {j} has no function name")
+            if not isinstance(fn.get("arguments", {}), (str, Mapping)):
+                raise MessageFormatError(f"{where}: tool call {j} arguments must be a JSON string or an object")
+            if call.get("id") is not None:
+                call_ids.add(str(call["id"]))
+            else:
+                call_ids.add(f"#anonymous{index}.{j}")
+    if role == "tool":
+        call_id = message.get("tool_call_id")
+        if call_id is not None:
+            if str(call_id) not in call_ids:
+                raise MessageFormatError(
+                    f"{where}: tool result answers tool_call_id {call_id!r}, but no earlier assistant message made that call"
+                )
+        elif not call_ids:
+            raise MessageFormatError(f"{where}: tool result without a tool_call_id and no earlier tool call")
+    return clean, sampled
