@@ -6,8 +6,8 @@ message (`{"op": "summary", ...}`), so no tool call is split from its results. A
 that range is folded into the new one (its text is part of the summarizer's input and its covered ids
 are covered again), so the view holds at most one summary.
 
-The number of kept groups is chosen before summarizing, from exact measurements of the view with the
-covered turns removed plus room for `max_summary_tokens`, so the summarizer runs once per compaction.
+The number of kept groups is chosen from exact measurements of the view with the covered turns removed:
+the most groups that fit with the actual summary (the summarizer runs at most twice per compaction).
 If even one kept group plus the summary does not fit, the summary is cut shorter, and then (with
 `fallback="window"`) old turn groups are dropped as `window` does; the result is never over budget and
 never orphans a tool call or result (`BudgetError` when even the fixed prefix and the newest turn do
@@ -116,9 +116,11 @@ class Summarize(BaseCompressor):
         budget = request.budget
         reserve = p["max_summary_tokens"] + SUMMARY_RESERVE_TOKENS
 
-        # Choose how many newest groups stay verbatim: the most (<= keep_last) whose view, with the older
-        # turns removed and room for a full-size summary, fits the budget.
-        plan: tuple[int, list[ViewMessage]] | None = None
+        # Choose how many newest groups stay verbatim, from exact sizes of the view with the older turns
+        # removed: the most groups (<= keep_last) that fit with a summary of the actual size; that size is
+        # known only after summarizing, so try the most that fit with a tiny summary first, then the most
+        # that fit with a full-size one (at most two summarizer calls).
+        options: list[tuple[int, list[ViewMessage], int]] = []
         over = n_tokens > budget
         max_keep = min(p["keep_last"], max(1, len(groups) - first))
         for keep in range(max_keep, 0, -1):
@@ -127,21 +129,25 @@ class Summarize(BaseCompressor):
                 if over:
                     continue
                 break
-            plan = (keep, covered)  # the smallest split tried is the fallback when none fits
             removed = apply_edits(view, [{"op": "drop", "event_ids": _ids(covered)}], where=self.spec.name)
-            if request.measure(removed) + reserve <= budget:
+            options.append((keep, covered, request.measure(removed)))
+            if options[-1][2] + reserve <= budget:
                 break
-        if plan is None:
+        if not options:
             return self._fallback(request, view, n_tokens, {"summarized": False})
+        hopeful = next((o for o in options if o[2] + SUMMARY_RESERVE_TOKENS <= budget), options[-1])
+        tries = [hopeful] if hopeful is options[-1] else [hopeful, options[-1]]
 
-        keep, covered = plan
-        body = self._summary(covered)
+        for keep, covered, _ in tries:
+            body = self._summary(covered)
+            text, edits, cand, size = self._fit_summary(request, view, covered, body, p["max_summary_tokens"])
+            if size <= budget:
+                break
         details: dict[str, Any] = {
             "summarizer": {"id": self.summarizer.id, "version": self.summarizer.version},
             "covered_messages": len(covered),
             "kept_last_groups": keep,
         }
-        text, edits, cand, size = self._fit_summary(request, view, covered, body, p["max_summary_tokens"])
         if size > budget:  # cut the summary to the room left, then fall back to dropping turns
             room = p["max_summary_tokens"] - (size - budget) - 4
             if room > 0:
