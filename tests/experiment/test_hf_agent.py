@@ -104,6 +104,33 @@ def test_temperature_one_without_filters_is_raw_and_greedy_is_a_point_mass():
     assert not np.allclose(hot, raw)
 
 
+@pytest.mark.parametrize(
+    "params, fragment",
+    [
+        ({"temprature": 0.5}, "unknown parameter(s) ['temprature']"),
+        ({"model_path": "a", "model": "b"}, "give model_path or its alias model, not both"),
+        ({"device": "tpu"}, "device='tpu'"),
+        ({"dtype": "int8"}, "dtype='int8'"),
+        ({"stop_token_ids": "2"}, "stop_token_ids='2' must be a list of token ids"),
+        ({"top_p": 2.0}, "top_p=2.0 is invalid"),
+        ({"max_new_tokens": -1}, "max_new_tokens=-1 is invalid"),
+    ],
+)
+def test_check_params_fails_before_any_model_load(params, fragment):
+    from ctxkit.experiment.agents.hf import TransformersAgent
+
+    with pytest.raises(ConfigError) as info:
+        TransformersAgent.check_params(params)
+    assert fragment in str(info.value)
+
+
+def test_check_params_returns_the_sampling_config():
+    from ctxkit.experiment.agents.hf import TransformersAgent
+
+    cfg = TransformersAgent.check_params({"device": "cuda:1", "dtype": "bfloat16", "temperature": 0.7, "top_p": 0.95, "max_new_tokens": 96})
+    assert cfg == SamplingConfig(temperature=0.7, top_p=0.95, max_new_tokens=96)
+
+
 # ------------------------------------------------------------------------------------ the real model
 
 TOOLS = (

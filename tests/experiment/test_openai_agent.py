@@ -277,12 +277,18 @@ def test_malformed_answers_are_typed_errors(tok, eot, episode, mutate, message):
         ({"max_tokens": 0}, "max_tokens=0 must be an integer >= 1"),
         ({"top_p": 0}, "top_p=0 must be in (0, 1]"),
         ({"api_key_env": "CTXKIT_TEST_SURELY_UNSET_VAR"}, "names an unset environment variable"),
+        ({"base_url": None}, "base_url is required"),
+        ({"model": None}, "model is required"),
     ],
 )
 def test_bad_config_is_a_config_error(kwargs, fragment):
     params = {"base_url": "http://127.0.0.1:9", "model": "m", **kwargs}
+    params = {k: v for k, v in params.items() if v is not None}
     with pytest.raises(ConfigError) as info:
         OpenAIAgent(**params)
+    assert fragment in str(info.value)
+    with pytest.raises(ConfigError) as info:
+        OpenAIAgent.check_params(params)
     assert fragment in str(info.value)
 
 

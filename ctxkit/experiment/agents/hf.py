@@ -29,7 +29,15 @@ from ctxkit.experiment.agents.sampling import SamplingConfig, make_generator, sa
 if TYPE_CHECKING:  # pragma: no cover
     from ctxkit.builder import BuiltContext
 
-__all__ = ["TransformersAgent"]
+__all__ = ["TransformersAgent", "PARAMS"]
+
+PARAMS: tuple[str, ...] = (
+    "model_path", "model", "device", "dtype", "temperature", "top_p", "top_k", "min_p", "max_new_tokens",
+    "policy_version", "stop_token_ids",
+)
+"""Parameters an experiment config's agent table may set for `kind = "transformers"`."""
+DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+"""Accepted `dtype` names (None: bfloat16 on CUDA, float32 on CPU)."""
 
 
 class TransformersAgent:
@@ -63,15 +71,12 @@ class TransformersAgent:
         generation config's eos ids plus the known end-of-turn tokens it has). `policy_version` defaults to
         the model id (`<name>@sha256:<16 hex>` of the weights).
         """
-        if unknown:
-            raise ConfigError(
-                f"transformers agent: unknown parameter(s) {sorted(unknown)}; allowed: model_path (or model), device, "
-                "dtype, temperature, top_p, top_k, min_p, max_new_tokens, policy_version, stop_token_ids"
+        self.config = self.check_params(
+            dict(
+                model_path=model_path, model=model, device=device, dtype=dtype, temperature=temperature, top_p=top_p,
+                top_k=top_k, min_p=min_p, max_new_tokens=max_new_tokens, policy_version=policy_version,
+                stop_token_ids=stop_token_ids, **unknown,
             )
-        if model_path is not None and model is not None:
-            raise ConfigError("transformers agent: give model_path or its alias model, not both")
-        self.config = SamplingConfig(
-            temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, max_new_tokens=max_new_tokens
         )
         """Default sampling config of every call."""
         from ctxkit.models import load_causal_lm
@@ -83,6 +88,7 @@ class TransformersAgent:
         """Seconds the constructor spent loading (near 0 when the model was already cached)."""
         self.device = str(device)
         self._cache_kw = _cache_keyword(self.lm.model)
+        self._prefill_kw = {"logits_to_keep": 1} if _accepts(self.lm.model, "logits_to_keep") else {}
         self.policy_version = policy_version if policy_version is not None else self.lm.id
         self.name = f"transformers:{self.lm.id}"
         self.n_positions = int(getattr(self.lm.model.config, "max_position_embeddings", 0) or 0) or None
@@ -98,6 +104,37 @@ class TransformersAgent:
         for tid in self.end_ids:
             if not 0 <= tid < self.n_embeddings:
                 raise ConfigError(f"transformers agent: stop_token_ids holds {tid}, outside the model's {self.n_embeddings} ids")
+
+    @classmethod
+    def check_params(cls, params: Mapping[str, Any]) -> SamplingConfig:
+        """Validate an agent table without loading anything; returns its sampling config.
+
+        `ConfigError` names an unknown parameter or a bad value (the runner calls this before any episode).
+        """
+        unknown = sorted(set(params) - set(PARAMS))
+        if unknown:
+            raise ConfigError(f"transformers agent: unknown parameter(s) {unknown}; allowed: {list(PARAMS)}")
+        if params.get("model_path") is not None and params.get("model") is not None:
+            raise ConfigError("transformers agent: give model_path or its alias model, not both")
+        device = params.get("device", "cpu")
+        if not isinstance(device, str) or not device.split(":")[0] in ("cpu", "cuda", "mps"):
+            raise ConfigError(f"transformers agent: device={device!r}; expected cpu, cuda, cuda:N or mps")
+        dtype = params.get("dtype")
+        if dtype is not None and str(dtype).removeprefix("torch.") not in DTYPES:
+            raise ConfigError(f"transformers agent: dtype={dtype!r}; expected one of {list(DTYPES)} or none")
+        stops = params.get("stop_token_ids")
+        if stops is not None and (
+            isinstance(stops, (str, bytes)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in stops)
+        ):
+            raise ConfigError(f"transformers agent: stop_token_ids={stops!r} must be a list of token ids")
+        defaults = SamplingConfig()
+        return SamplingConfig(
+            temperature=params.get("temperature", defaults.temperature),
+            top_k=params.get("top_k", defaults.top_k),
+            top_p=params.get("top_p", defaults.top_p),
+            min_p=params.get("min_p", defaults.min_p),
+            max_new_tokens=params.get("max_new_tokens", defaults.max_new_tokens),
+        )
 
     # ------------------------------------------------------------------------------------------ acting
 
@@ -158,7 +195,7 @@ class TransformersAgent:
                 events = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
                 events[0].record()
             t0 = time.perf_counter()
-            out = model(input_ids=torch.tensor([ids], device=self.device), use_cache=True, logits_to_keep=1)
+            out = model(input_ids=torch.tensor([ids], device=self.device), use_cache=True, **self._prefill_kw)
             past = _cache_of(out)
             logits = out.logits[0, -1].float().cpu().numpy()  # the copy to the host also synchronizes
             if on_cuda:
@@ -266,12 +303,16 @@ def _end_ids(lm: Any, explicit: Sequence[int] | None) -> set[int]:
     return ids
 
 
-def _cache_keyword(model: Any) -> str:
-    """The forward() keyword that takes the KV cache: `cache` (transformers >= 5.2x) or `past_key_values`."""
+def _accepts(model: Any, keyword: str) -> bool:
+    """Whether the model's forward() names `keyword` (keywords moved between transformers versions)."""
     import inspect
 
-    params = inspect.signature(model.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
+    return keyword in inspect.signature(model.forward).parameters
+
+
+def _cache_keyword(model: Any) -> str:
+    """The forward() keyword that takes the KV cache: `cache` (transformers >= 5.2x) or `past_key_values`."""
+    return "cache" if _accepts(model, "cache") else "past_key_values"
 
 
 def _cache_of(out: Any) -> Any:

@@ -81,8 +81,8 @@ class OpenAIAgent:
     def __init__(
         self,
         *,
-        base_url: str,
-        model: str,
+        base_url: str | None = None,
+        model: str | None = None,
         tokenizer: Any = None,
         template: Any = None,
         task: str | None = None,
@@ -115,6 +115,8 @@ class OpenAIAgent:
                 "temperature, top_p, top_k, min_p, max_tokens, timeout_s, use_token_ids, server_logprobs_mode, "
                 "stop_token_ids, on_timeout, policy_version, extra_body"
             )
+        if base_url is None or model is None:
+            raise ConfigError(f"openai agent: {'base_url' if base_url is None else 'model'} is required")
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             raise ConfigError(f"openai agent: base_url={base_url!r} must be an http(s) URL like http://127.0.0.1:8000")
         root = base_url.rstrip("/")
@@ -172,6 +174,11 @@ class OpenAIAgent:
         self.extra_body = dict(extra_body or {})
         self.policy_version = policy_version if policy_version is not None else model
         self.name = f"openai:{model}"
+
+    @classmethod
+    def check_params(cls, params: Mapping[str, Any]) -> None:
+        """Validate an agent table without contacting the server (the runner calls this before any episode)."""
+        cls(**dict(params))
 
     # ------------------------------------------------------------------------------------------ acting
 
