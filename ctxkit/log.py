@@ -1,303 +1,65 @@
 """The episode log: append-only JSONL (orjson), hash-chained, crash-safe, shared safely between processes.
 
-Format. Line 1 is a header `{"ctxkit_log": SCHEMA_VERSION, "episode_id", "created", "metadata", "hash"}`
-where `hash` is the sha256 of the header's other keys as canonical JSON (sorted keys). Every other line
-is one event: the event's dict (`events.event_to_dict`) plus `prev` (the hash of the line before) and
-`hash` = sha256(prev + canonical event bytes). Editing, deleting, inserting or reordering a line breaks
-the chain at that line. A crash mid-append can leave only a torn last line (lines are written whole, by
-one `write` on an O_APPEND descriptor); it is detected on open and `repair` removes it, keeping the
-removed bytes in a `.torn` side file, or completes it when only its newline is missing.
+`EventLog` writes; `ctxkit.logfile` defines the file format (a header line, then one hash-chained line
+per event) and the whole-file tools `verify`, `repair`, `read_events`, `read_header`; `ctxkit.conversation`
+converts OpenAI conversations. Both are re-exported here, so `ctxkit.log` is the one place to import from.
+
+Writes. Each append is one `write` of whole lines on an O_APPEND descriptor; a crash can only leave a torn
+last line, detected on open. Durability: `always` fsyncs every append, `batch` every `extend`/`flush` and
+the close, `none` never.
 
 Concurrency. Every append takes `filelock.FileLock(<path>.lock)` and first reads the lines other
-processes appended since our last read, so `seq` stays dense and the chain valid.
+processes appended since our last read (checking their chain), so `seq` stays dense and the chain valid.
 
-Import/export of OpenAI conversations lives in `ctxkit.conversation` and is re-exported here.
-
-L1: imports L0 (`events`, `errors`) and `conversation`.
+L1: imports L0 (`events`, `errors`), `logfile` and `conversation`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import math
 import os
 import secrets
 import threading
 import time
 import uuid
-from collections import abc
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
 import orjson
 
-from ctxkit.errors import ConfigError, LogFormatError, MessageFormatError, SchemaVersionError, TornLineError
 from ctxkit.conversation import export_conversation, export_messages, import_conversation, load_conversation
+from ctxkit.errors import ConfigError, LogFormatError
 from ctxkit.events import EVENT_TYPES, SCHEMA_VERSION, Event, event_from_dict, event_to_dict
+from ctxkit.logfile import (
+    HEADER_KEY,
+    LineProblem,
+    Problem,
+    RepairReport,
+    Scan,
+    VerifyReport,
+    checked_scan,
+    dumps_checked,
+    fsync_dir,
+    line_hash,
+    check_line,
+    locked_if_possible,
+    read_events,
+    read_header,
+    read_log_bytes,
+    repair,
+    repair_tail,
+    torn_problem,
+    verify,
+)
 
 DURABILITY_MODES: tuple[str, ...] = ("always", "batch", "none")
 """`always`: fsync after every append. `batch`: fsync per `extend`/`flush` and at close. `none`: never."""
-HEADER_KEY = "ctxkit_log"
-"""Header key holding the schema version; its presence marks a file as a ctxkit log."""
 
 _EVENT_CLASSES = tuple(EVENT_TYPES.values())
-__all__ = ["DURABILITY_MODES", "EventLog", "Problem", "RepairReport", "VerifyReport", "export_conversation",
-           "export_messages", "import_conversation", "load_conversation", "read_events", "read_header",
-           "repair", "verify"]
-
-
-# ---------------------------------------------------------------------------------------------- reports
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One thing wrong with a log file."""
-
-    line: int
-    """1-based line number (the header is line 1)."""
-    code: str
-    """`json`, `header`, `schema`, `hash`, `chain`, `seq`, `event`, `empty` or `torn`."""
-    message: str
-    """What is wrong, in words."""
-
-
-@dataclass(frozen=True)
-class VerifyReport:
-    """Result of `verify(path)`."""
-
-    path: str
-    """The log checked."""
-    ok: bool
-    """True only for an intact log: valid header, every line chained, no torn tail."""
-    n_events: int
-    """Number of complete event lines (valid or not)."""
-    problems: tuple[Problem, ...]
-    """Every problem found, in line order (a torn tail included)."""
-    torn_tail: bool
-    """True when the last line is incomplete (a crash mid-append)."""
-    torn_bytes: int = 0
-    """Size of the torn tail."""
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able form (for `ctxkit log verify --json`)."""
-        return dataclasses.asdict(self)
-
-
-@dataclass(frozen=True)
-class RepairReport:
-    """Result of `repair(path)`."""
-
-    path: str
-    """The log repaired."""
-    removed_bytes: int
-    """Bytes of torn tail removed from the log (0 when nothing was removed)."""
-    completed_line: bool
-    """True when the tail was a complete, valid line missing only its newline, which was added instead."""
-    side_file: str | None
-    """File keeping the removed bytes, so nothing is lost; None when nothing was removed."""
-    n_events: int
-    """Number of events in the log after repair."""
-
-
-# ---------------------------------------------------------------------------------------------- encoding
-
-
-def _canonical(obj: Any) -> bytes:
-    return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)
-
-
-def _line_hash(prev: str, canonical: bytes) -> str:
-    return hashlib.sha256(prev.encode("utf-8") + canonical).hexdigest()
-
-
-def _check_finite(value: Any, where: str) -> None:
-    """orjson writes NaN and infinities as null; refuse them rather than lose them silently."""
-    kind = type(value)
-    if kind in _LEAVES:
-        return
-    if kind is float:
-        if not math.isfinite(value):
-            raise ConfigError(f"{where} is {value!r}; a log holds only finite numbers (JSON has no NaN/inf)")
-    elif isinstance(value, (list, tuple)):
-        try:  # fast path (in C) for numeric sequences: token ids, log-probs
-            if math.isfinite(math.fsum(value)):
-                return
-        except (TypeError, OverflowError):
-            pass
-        for i, item in enumerate(value):
-            _check_finite(item, f"{where}[{i}]")
-    elif isinstance(value, (dict, abc.Mapping)):
-        for key, item in value.items():
-            _check_finite(item, f"{where}.{key}")
-    elif isinstance(value, float):
-        _check_finite(float(value), where)
-
-
-_LEAVES = frozenset({str, int, bool, type(None)})
-
-
-def _dumps_checked(obj: Any, where: str) -> bytes:
-    try:
-        data = _canonical(obj)
-    except orjson.JSONEncodeError as exc:
-        raise ConfigError(f"{where} is not JSON-serializable: {exc}") from None
-    _check_finite(obj, where)
-    return data
-
-
-class _Bad(Exception):
-    """Internal: one problem at one line (converted to a `Problem` or a typed error)."""
-
-    def __init__(self, line: int, code: str, message: str):
-        super().__init__(message)
-        self.line, self.code, self.message = line, code, message
-
-    def error(self, path: Path) -> LogFormatError:
-        cls = {"schema": SchemaVersionError, "torn": TornLineError}.get(self.code, LogFormatError)
-        return cls(self.message, path=str(path), line=self.line)
-
-
-def _loads(raw: bytes, line: int) -> dict[str, Any]:
-    try:
-        obj = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise _Bad(line, "json", f"invalid JSON: {exc.msg} at column {exc.colno}") from None
-    if not isinstance(obj, dict):
-        raise _Bad(line, "json", f"expected a JSON object, got {type(obj).__name__}")
-    return obj
-
-
-def _check_header(raw: bytes) -> tuple[dict[str, Any], str]:
-    obj = _loads(raw, 1)
-    if HEADER_KEY not in obj:
-        raise _Bad(1, "header", f"not a ctxkit log: the header has no {HEADER_KEY!r} key")
-    version = obj[HEADER_KEY]
-    if type(version) is not int or version != SCHEMA_VERSION:
-        raise _Bad(1, "schema", f"schema version {version!r}; this ctxkit reads version {SCHEMA_VERSION}")
-    recorded = obj.pop("hash", None)
-    digest = hashlib.sha256(_canonical(obj)).hexdigest()
-    if recorded != digest:
-        raise _Bad(1, "hash", "header does not match its hash (edited)")
-    return obj, digest
-
-
-def _check_line(raw: bytes, line: int, prev: str | None) -> tuple[Event, str]:
-    """Parse and check one event line; `prev` None means the previous line's hash is unknown."""
-    if not raw:
-        raise _Bad(line, "empty", "empty line")
-    obj = _loads(raw, line)
-    rec_prev, rec_hash = obj.pop("prev", None), obj.pop("hash", None)
-    if not isinstance(rec_prev, str) or not isinstance(rec_hash, str):
-        raise _Bad(line, "hash", "line has no 'prev'/'hash' strings")
-    if _line_hash(rec_prev, _canonical(obj)) != rec_hash:
-        raise _Bad(line, "hash", "event does not match its hash (the line was edited)")
-    if prev is not None and rec_prev != prev:
-        raise _Bad(line, "chain", f"hash chain broken: 'prev' is not the hash of line {line - 1} "
-                                  "(a line was deleted, inserted or reordered)")
-    seq = line - 2
-    if obj.get("seq") != seq:
-        raise _Bad(line, "seq", f"seq is {obj.get('seq')!r}, expected {seq}")
-    try:
-        event = event_from_dict(obj, where="event")
-    except (LogFormatError, MessageFormatError) as exc:
-        raise _Bad(line, "event", str(exc)) from None
-    return event, rec_hash
-
-
-@dataclass
-class _Scan:
-    header: dict[str, Any] | None = None
-    events: list = field(default_factory=list)
-    last_hash: str | None = None
-    n_lines: int = 0
-    problems: list = field(default_factory=list)
-    good_len: int = 0
-    torn: bytes = b""
-
-
-def _scan(data: bytes, *, collect: bool) -> _Scan:
-    """Check a whole log. `collect=False` raises the first problem (a `_Bad`); torn tails are only noted."""
-    scan = _Scan()
-    scan.good_len = data.rfind(b"\n") + 1
-    scan.torn = data[scan.good_len:]
-    lines = data[: scan.good_len].split(b"\n")[:-1] if scan.good_len else []
-    scan.n_lines = len(lines)
-    if not lines:
-        return scan
-    try:
-        scan.header, scan.last_hash = _check_header(lines[0])
-    except _Bad as bad:
-        if not collect:
-            raise
-        scan.problems.append(bad)
-    for i, raw in enumerate(lines[1:]):
-        line = i + 2
-        try:
-            event, digest = _check_line(raw, line, scan.last_hash)
-        except _Bad as bad:
-            if not collect:
-                raise
-            scan.problems.append(bad)
-            try:  # keep checking the chain from the recorded hash when the line still parses
-                digest = orjson.loads(raw).get("hash")
-            except Exception:
-                digest = None
-            scan.last_hash = digest if isinstance(digest, str) else None
-            continue
-        scan.events.append(event)
-        scan.last_hash = digest
-    return scan
-
-
-def _torn_problem(scan: _Scan, path: Path) -> _Bad:
-    line = scan.n_lines + 1
-    return _Bad(line, "torn", f"last line is incomplete ({len(scan.torn)} bytes without a newline: a crash "
-                              f"mid-append); run `ctxkit log verify {path} --repair` or open with repair=True")
-
-
-@contextmanager
-def _maybe_locked(path: Path):
-    """Hold the log's lock when the log exists and the lock file can be created (read-only folders are
-    read unlocked; a missing log gets no stray lock file)."""
-    from filelock import FileLock
-
-    lock = FileLock(str(path) + ".lock")
-    try:
-        if not path.is_file():
-            raise FileNotFoundError(path)
-        lock.acquire()
-    except OSError:
-        yield
-        return
-    try:
-        yield
-    finally:
-        lock.release()
-
-
-def _read(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except FileNotFoundError:
-        raise LogFormatError("no such log file", path=str(path)) from None
-    except IsADirectoryError:
-        raise LogFormatError("is a directory, not a log file", path=str(path)) from None
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path.parent, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+__all__ = ["DURABILITY_MODES", "HEADER_KEY", "EventLog", "Problem", "RepairReport", "VerifyReport",
+           "export_conversation", "export_messages", "import_conversation", "load_conversation", "read_events",
+           "read_header", "repair", "verify"]
 
 
 # ---------------------------------------------------------------------------------------------- the log
@@ -306,7 +68,7 @@ def _fsync_dir(path: Path) -> None:
 class EventLog:
     """An open episode log: appends events and keeps every event in memory (reading is free)."""
 
-    def __init__(self, path: Path, header: dict[str, Any], scan: _Scan, durability: str, repair: bool = False):
+    def __init__(self, path: Path, header: dict[str, Any], scan: Scan, durability: str, repair: bool = False):
         """Use `EventLog.create` or `EventLog.open`."""
         from filelock import FileLock
 
@@ -341,7 +103,7 @@ class EventLog:
             "created": time.time(),
             "metadata": dict(metadata or {}),
         }
-        body = _dumps_checked(header, "log header")
+        body = dumps_checked(header, "log header")
         digest = hashlib.sha256(body).hexdigest()
         line = body[:-1] + b',"hash":"' + digest.encode() + b'"}\n'
         tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
@@ -366,8 +128,8 @@ class EventLog:
         finally:
             tmp.unlink(missing_ok=True)
         if durability != "none":
-            _fsync_dir(path)
-        return cls(path, header, _Scan(header=header, last_hash=digest, n_lines=1, good_len=len(line)), durability)
+            fsync_dir(path)
+        return cls(path, header, Scan(header=header, last_hash=digest, n_lines=1, good_len=len(line)), durability)
 
     @classmethod
     def open(cls, path, *, durability: str = "batch", repair: bool = False) -> "EventLog":
@@ -376,13 +138,13 @@ class EventLog:
         crashed writer leaves before one of our appends."""
         cls._check_durability(durability)
         path = Path(path)
-        with _maybe_locked(path):
-            scan = _checked_scan(path, _read(path))
+        with locked_if_possible(path):
+            scan = checked_scan(path, read_log_bytes(path))
             if scan.torn:
                 if not repair:
-                    raise _torn_problem(scan, path).error(path)
-                _repair_tail(path, scan)
-                scan = _checked_scan(path, _read(path))
+                    raise torn_problem(scan, path).error(path)
+                repair_tail(path, scan)
+                scan = checked_scan(path, read_log_bytes(path))
         return cls(path, scan.header, scan, durability, repair)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ reading
@@ -475,8 +237,8 @@ class EventLog:
             for event in events:
                 filled = dataclasses.replace(event, seq=seq, id=f"e{seq}-{secrets.token_hex(4)}",
                                              ts=event.ts if event.ts is not None else now)
-                body = _dumps_checked(event_to_dict(filled), f"event {seq} ({event.kind})")
-                digest = _line_hash(prev, body)
+                body = dumps_checked(event_to_dict(filled), f"event {seq} ({event.kind})")
+                digest = line_hash(prev, body)
                 lines.append(body[:-1] + b',"prev":"' + prev.encode() + b'","hash":"' + digest.encode() + b'"}\n')
                 recorded.append(event_from_dict(orjson.loads(body)))  # exactly what a reader gets back
                 seq, prev = seq + 1, digest
@@ -523,8 +285,8 @@ class EventLog:
         prev, new = self._last_hash, []
         for i, raw in enumerate(data[: max(complete - 1, 0)].split(b"\n") if complete else ()):
             try:
-                event, prev = _check_line(raw, first + i, prev)
-            except _Bad as bad:
+                event, prev = check_line(raw, first + i, prev)
+            except LineProblem as bad:
                 raise bad.error(self.path) from None
             new.append(event)
         self._events.extend(new)
@@ -532,118 +294,8 @@ class EventLog:
         self._offset += complete
         self._cache = None
         if complete != len(data):  # another writer died mid-line
-            scan = _Scan(n_lines=len(self._events) + 1, torn=data[complete:], last_hash=prev, good_len=self._offset)
+            scan = Scan(n_lines=len(self._events) + 1, torn=data[complete:], last_hash=prev, good_len=self._offset)
             if not self._repair:
-                raise _torn_problem(scan, self.path).error(self.path)
-            _repair_tail(self.path, scan)
+                raise torn_problem(scan, self.path).error(self.path)
+            repair_tail(self.path, scan)
             self._sync_tail()  # a tail that only lacked its newline is now a line to read
-
-
-def _checked_scan(path: Path, data: bytes) -> _Scan:
-    try:
-        scan = _scan(data, collect=False)
-    except _Bad as bad:
-        raise bad.error(path) from None
-    if scan.header is None and not scan.torn:
-        raise LogFormatError("empty file: not a ctxkit log (no header)", path=str(path), line=1)
-    return scan
-
-
-# ---------------------------------------------------------------------------------------------- whole-file tools
-
-
-def read_events(path, *, allow_torn: bool = False) -> tuple[Event, ...]:
-    """Read and verify a log without opening it for writing. A torn tail raises `TornLineError` unless
-    `allow_torn` (then it is ignored: it holds no complete event)."""
-    path = Path(path)
-    with _maybe_locked(path):
-        data = _read(path)
-    scan = _checked_scan(path, data)
-    if scan.torn and not allow_torn:
-        raise _torn_problem(scan, path).error(path)
-    if scan.header is None:
-        raise LogFormatError("no complete header line", path=str(path), line=1)
-    return tuple(scan.events)
-
-
-def read_header(path) -> dict[str, Any]:
-    """The verified header of a log (schema version, episode id, created, metadata)."""
-    path = Path(path)
-    try:
-        with open(path, "rb") as fh:
-            first = fh.readline()
-    except OSError as exc:
-        raise LogFormatError(f"cannot read: {exc.strerror}", path=str(path)) from None
-    if not first.endswith(b"\n"):
-        raise TornLineError("the header line is incomplete", path=str(path), line=1)
-    try:
-        return _check_header(first[:-1])[0]
-    except _Bad as bad:
-        raise bad.error(path) from None
-
-
-def verify(path) -> VerifyReport:
-    """Check every line of a log; reports all problems (with 1-based line numbers) instead of raising."""
-    path = Path(path)
-    with _maybe_locked(path):
-        data = _read(path)
-    scan = _scan(data, collect=True)
-    problems = [Problem(b.line, b.code, b.message) for b in scan.problems]
-    if scan.n_lines == 0 and not scan.torn:
-        problems.append(Problem(1, "empty", "empty file: not a ctxkit log (no header)"))
-    if scan.torn:
-        bad = _torn_problem(scan, path)
-        problems.append(Problem(bad.line, bad.code, bad.message))
-    return VerifyReport(path=str(path), ok=not problems, n_events=max(scan.n_lines - 1, 0),
-                        problems=tuple(problems), torn_tail=bool(scan.torn), torn_bytes=len(scan.torn))
-
-
-def repair(path) -> RepairReport:
-    """Fix a torn last line: complete it when only the newline is missing, else truncate it after saving the
-    removed bytes to a `.torn` side file. Never touches a complete line; any other corruption is refused
-    (`LogFormatError` naming the line)."""
-    path = Path(path)
-    with _maybe_locked(path):
-        scan = _scan(_read(path), collect=True)
-        if scan.problems:
-            bad = scan.problems[0]
-            raise LogFormatError(f"{bad.message}; repair only fixes a torn last line", path=str(path), line=bad.line)
-        removed, completed, side = _repair_tail(path, scan) if scan.torn else (0, False, None)
-        n_events = len(_scan(_read(path), collect=False).events)
-    return RepairReport(path=str(path), removed_bytes=removed, completed_line=completed,
-                        side_file=side, n_events=n_events)
-
-
-def _repair_tail(path: Path, scan: _Scan) -> tuple[int, bool, str | None]:
-    """Called under the lock with a scan whose only problem is its torn tail."""
-    try:  # a complete, valid line missing only its newline: keep it
-        if scan.n_lines == 0:
-            _check_header(scan.torn)
-        else:
-            _check_line(scan.torn, scan.n_lines + 1, scan.last_hash)
-        complete = True
-    except _Bad:
-        complete = False
-    if complete:
-        with open(path, "ab") as fh:
-            fh.write(b"\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        return 0, True, None
-    side = path.with_name(path.name + ".torn")
-    n = 1
-    while side.exists():
-        side = path.with_name(f"{path.name}.torn.{n}")
-        n += 1
-    with open(side, "xb") as fh:  # keep the bytes first, then cut them
-        fh.write(scan.torn)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.truncate(path, scan.good_len)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    _fsync_dir(path)
-    return len(scan.torn), False, str(side)
