@@ -399,10 +399,22 @@ class IncrementalRenderer:
     def render(self, add_generation_prompt: bool = False) -> RenderedContext:
         """The context for the messages so far (ids equal `apply_chat_template(..., tokenize=True)`)."""
         text = self._render_text(self._chat, add_generation_prompt)
-        stable = self._retokenize(text)
-        relabel_from = self._locate(text, add_generation_prompt, stable)
-        changed = self._relabel(min(stable, relabel_from))
-        return self._output(changed)
+        try:
+            stable = self._retokenize(text)
+            relabel_from = self._locate(text, add_generation_prompt, stable)
+            changed = self._relabel(min(stable, relabel_from))
+            return self._output(changed)
+        except BaseException:
+            self._reset()  # the next render starts from scratch rather than from half-updated state
+            raise
+
+    def _reset(self) -> None:
+        self._text = ""
+        self._ids, self._starts, self._sp_ends, self._sp_tok = [], [], [], []
+        self._roles, self._mask = [], []
+        self._regions, self._prefix_max, self._unresolved = [], [], []
+        self._final, self._located, self._mode = None, 0, ""
+        self._hash_cp = (0, hashlib.sha256(b"ctxkit-context-v1"))
 
     def _output(self, changed: int) -> RenderedContext:
         """Assemble the context; `changed` is the first rendered token that may differ from last time."""

@@ -128,3 +128,26 @@ def test_incremental_property_chatml(steps):
         assert got == full
         assert list(got.token_ids) == tok.encoding.encode(
             inc.template.render_text(msgs, add_generation_prompt=agp), allowed_special="all")
+
+
+def test_renderer_recovers_after_an_error(tmp_path):
+    """A render that fails (a turn the template hides without add_generation_prompt) leaves no
+    half-updated state: the next render equals a full render."""
+    path = tmp_path / "hide.jinja"
+    path.write_text(
+        "{% for m in messages %}{% if m.role == 'assistant' and m.content == 'hidden' and not add_generation_prompt %}"
+        "<|im_start|>assistant\n{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    tok = load_tokenizer(str(tokenizer_dir("qwen2.5-instruct")))
+    inc = IncrementalRenderer(tok, str(path))
+    msgs = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
+    inc.extend(msgs)
+    assert inc.render() == render(msgs, tok, str(path))
+    more = [{"role": "user", "content": "c"}, {"role": "assistant", "content": "hidden"}, {"role": "user", "content": "d"}]
+    inc.extend(more)
+    with pytest.raises(RenderError, match="message 3"):
+        inc.render()
+    with pytest.raises(RenderError, match="message 3"):
+        render(msgs + more, tok, str(path))
+    assert inc.render(add_generation_prompt=True) == render(msgs + more, tok, str(path), add_generation_prompt=True)
