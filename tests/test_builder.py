@@ -1,0 +1,208 @@
+"""ContextBuilder and rebuild on real logs (EventLog in a temp dir, Qwen2.5 tokenizer and template)."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import tokenizer_dir
+from ctxkit.builder import BuiltContext, ContextBuilder, MemoryLog, rebuild
+from ctxkit.errors import BudgetError, ConfigError, InvariantError, MessageFormatError, PinViolationError, ReplayError
+from ctxkit.events import Compaction, EpisodeStart, Message, Pin, Step, ToolCall, ToolResult, Unpin
+from ctxkit.log import EventLog
+from ctxkit.render import encode_assistant_turn, render
+
+TOOLS = ({"type": "function", "function": {"name": "read", "description": "Read a file.",
+                                           "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}},)
+CONSTRAINT = "Do not modify the original file."
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from ctxkit.tokenizers import load_tokenizer
+
+    return load_tokenizer(str(tokenizer_dir("qwen2.5-instruct")))
+
+
+@pytest.fixture(scope="module")
+def tpl(tok):
+    from ctxkit.templates import load_template
+
+    return load_template(None, tok)
+
+
+def start(log, builder=None):
+    log.extend([EpisodeStart(episode_id="b", tools=TOOLS, context=builder.describe() if builder else {}),
+                Message(role="system", content="You are a careful agent."),
+                Message(role="user", content=f"Fix the parser. {CONSTRAINT} Report when done.")])
+
+
+def step(log, tok, tpl, t: int, ctx=None, words: int = 80):
+    call = ToolCall(f"c{t}", "read", f'{{"path": "f{t}.py"}}')
+    msg = {"role": "assistant", "content": f"Reading {t}.", "tool_calls": [call.to_openai()]}
+    ids = encode_assistant_turn(msg, tok, tpl, list(TOOLS))
+    log.append(Step(context_hash=ctx.hash if ctx else "", token_ids=ids, content=msg["content"], tool_calls=(call,)))
+    log.append(ToolResult(tool_call_id=call.id, name="read", content=" ".join(f"line{t}_{i} text" for i in range(words))))
+    return ids
+
+
+def test_build_records_pins_and_compactions_and_rebuild_is_exact(tmp_path, tok, tpl):
+    builder = ContextBuilder(tok, compressor="mask-observations", params={"keep_last": 2}, budget=1500)
+    log = EventLog.create(tmp_path / "ep.jsonl")
+    start(log, builder)
+    built: list[tuple[int, BuiltContext]] = []
+    sampled: list[tuple[int, ...]] = []
+    for t in range(10):
+        ctx = builder.build(log)
+        built.append((len(log.events()) - 1, ctx))
+        sampled.append(step(log, tok, tpl, t, ctx))
+    log.close()
+    events = EventLog.open(tmp_path / "ep.jsonl").events()
+    pins = [e for e in events if isinstance(e, Pin)]
+    assert [(p.text, p.rule, p.source_event_id) for p in pins] == [
+        (CONSTRAINT, "constraint-rules-v1:prohibition", events[2].id)]
+    assert events[3].kind == "pin"  # recorded at the first build, before the first step
+    comps = [e for e in events if isinstance(e, Compaction)]
+    assert comps and all(c.compressor == "mask-observations-v1" for c in comps)
+    assert built[0][1].compactions == (pins[0].id,)
+    for upto, ctx in built:
+        assert ctx.n_tokens <= 1500 and len(ctx.loss_mask) == ctx.n_tokens
+        assert ctx.pins_checked == (pins[0].pin_id,)
+        assert ctx.ref == ctx.hash == ctx.rendered.hash
+        again = rebuild(events, tokenizer=str(tokenizer_dir("qwen2.5-instruct")), upto_seq=upto)
+        assert again.token_ids == ctx.token_ids and again.hash == ctx.hash and again.view.hash == ctx.view.hash
+        assert again.compactions == () and again.budget == 1500
+        # incremental rendering gives exactly what a fresh full render gives
+        fresh = render(ctx.view.chat(), tok, tpl, tools=list(ctx.view.tools), add_generation_prompt=True)
+        assert fresh.token_ids == ctx.token_ids
+    # sampled ids of verbatim steps are in the context with loss 1, everything else 0
+    last = built[-1][1]
+    verbatim_steps = [m.token_ids for m in last.view.messages if m.role == "assistant" and m.token_ids]
+    assert sum(last.loss_mask) == sum(len(ids) for ids in verbatim_steps)
+    assert verbatim_steps and all(ids in sampled for ids in verbatim_steps)
+
+
+def test_provenance_per_token(tok):
+    log = MemoryLog()
+    start(log)
+    b = ContextBuilder(tok, compressor="mask-observations", params={"keep_last": 1, "trigger": "every_turn"}, budget=8000)
+    for t in range(3):
+        log.extend([Step(content=f"r{t}", tool_calls=(ToolCall(f"c{t}", "read", "{}"),)),
+                    ToolResult(tool_call_id=f"c{t}", content=f"out {t} " * 30)])
+    ctx = b.build(log)
+    prov = ctx.provenance
+    assert len(prov) == ctx.n_tokens
+    for span in ctx.rendered.spans:
+        msg = ctx.view.messages[span.index]
+        assert all(p == (span.index, msg.provenance) for p in prov[span.start:span.end])
+    masked_tokens = [i for i, (_, p) in enumerate(prov) if p is not None and p.how == "masked"]
+    assert masked_tokens and "masked" in tok.decode([ctx.token_ids[i] for i in masked_tokens])
+    assert prov[-1] == (-1, None)  # the generation prompt belongs to no message
+
+
+def test_describe_round_trip(tok):
+    b = ContextBuilder(str(tokenizer_dir("qwen2.5-instruct")), compressor="window", params={"keep_first": 1},
+                       budget=4000, reserve_tokens=500)
+    d = b.describe()
+    assert d["compressor"] == {"name": "window-v1", "params": b.compressor.spec.params}
+    assert d["budget"] == 4000 and d["reserve_tokens"] == 500 and d["pin_rules"] == "constraint-rules-v1"
+    assert d["tokenizer"]["id"] == tok.id and d["template"]["spec"] is None
+    again = ContextBuilder.from_description(d)
+    assert again.describe() == d and again.effective_budget == 3500
+    bad = {**d, "tokenizer": {**d["tokenizer"], "id": "qwen@sha256:0000"}}
+    with pytest.raises(ReplayError, match="recorded tokenizer id"):
+        ContextBuilder.from_description(bad)
+
+
+def test_budget_smaller_than_pinned_prefix_names_sizes(tok):
+    log = MemoryLog()
+    start(log)
+    log.append(Pin(pin_id="long", text="Never do the following things: " + "x " * 300, rule="explicit"))
+    with pytest.raises(BudgetError, match=r"pinned constraints \(2 pins, \d+ tokens of text\) plus the fixed prefix "
+                                          r"\(system messages, tools, generation prompt\) take \d+ tokens, over the budget of 300"):
+        ContextBuilder(tok, compressor="window", budget=300).build(log)
+
+
+def test_reserve_tokens_shrinks_the_budget(tok):
+    log = MemoryLog()
+    start(log)
+    for t in range(6):
+        log.extend([Step(content="", tool_calls=(ToolCall(f"c{t}", "read", "{}"),)),
+                    ToolResult(tool_call_id=f"c{t}", content="data " * 100)])
+    ctx = ContextBuilder(tok, compressor="window", budget=1000, reserve_tokens=400).build(log)
+    assert ctx.n_tokens <= 600 and ctx.budget == 600
+    with pytest.raises(ConfigError, match="reserve_tokens"):
+        ContextBuilder(tok, budget=1000, reserve_tokens=1000)
+    with pytest.raises(ConfigError, match="budget is -5"):
+        ContextBuilder(tok, budget=-5)
+
+
+def test_orphaned_tool_result_in_log(tok):
+    log = MemoryLog()
+    start(log)
+    recorded = log.append(ToolResult(tool_call_id="ghost", content="x"))
+    with pytest.raises(MessageFormatError, match=rf"event {recorded.id} \(seq 3, tool_result\).*'ghost'.*orphaned"):
+        ContextBuilder(tok, budget=4000).build(log)
+
+
+def test_unanswered_tool_call_is_an_invariant_error(tok):
+    log = MemoryLog()
+    start(log)
+    s = log.append(Step(content="", tool_calls=(ToolCall("c1", "read", "{}"),)))
+    with pytest.raises(InvariantError, match=rf"tool call 'c1' of {s.id} has no result"):
+        ContextBuilder(tok, budget=4000).build(log)
+
+
+def test_explicit_pin_unpin_and_pinned_block(tok):
+    log = MemoryLog()
+    start(log)
+    log.append(Pin(pin_id="fr", text="Answer in French.", rule="explicit"))
+    b = ContextBuilder(tok, budget=4000, detect_pins=False)
+    ctx = b.build(log)
+    assert ctx.view.messages[1].content == "Pinned constraints:\n- Answer in French."
+    assert ctx.pins_checked == ("fr",) and "Answer in French." in tok.decode(ctx.token_ids)
+    log.append(Unpin(pin_id="fr", reason="lifted"))
+    ctx = b.build(log)
+    assert ctx.pins_checked == () and all(m.provenance.how != "pinned" for m in ctx.view.messages)
+
+
+def test_a_template_that_hides_the_pinned_block_fails_the_pin_check(tmp_path, tok):
+    # a real template that renders only the first system message, so the pinned block (a later system
+    # message) never reaches the context: the build must fail, not silently drop the constraint
+    path = tmp_path / "drops-late-system.jinja"
+    path.write_text(
+        "{%- for m in messages -%}{%- if m.role != 'system' or loop.first -%}"
+        "<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{%- endif -%}{%- endfor -%}"
+        "{%- if add_generation_prompt -%}<|im_start|>assistant\n{%- endif -%}"
+    )
+    log = MemoryLog()
+    log.extend([Message(role="system", content="s"), Message(role="user", content="hi"),
+                Pin(pin_id="p", text="Never share secrets.", rule="explicit")])
+    with pytest.raises(PinViolationError, match=r"pin p .*'Never share secrets.'"):
+        ContextBuilder(tok, template=str(path), budget=4000).build(log)
+
+
+def test_two_builders_on_the_same_log_agree_and_a_new_log_resets_state(tok):
+    logs = [MemoryLog(), MemoryLog()]
+    for log in logs:
+        start(log)
+    a, b = ContextBuilder(tok, compressor="window", budget=900), ContextBuilder(tok, compressor="window", budget=900)
+    for t in range(8):
+        ca, cb = a.build(logs[0]), b.build(logs[1])
+        assert ca.token_ids == cb.token_ids
+        for log in logs:
+            log.extend([Step(content="", tool_calls=(ToolCall(f"c{t}", "read", "{}"),)),
+                        ToolResult(tool_call_id=f"c{t}", content="data " * 60)])
+    fresh = MemoryLog()
+    start(fresh)
+    assert a.build(fresh).token_ids == ContextBuilder(tok, compressor="window", budget=900).build(MemoryLog(fresh.events())).token_ids
+
+
+def test_keep_all_truncation_is_reproduced_by_rebuild(tok):
+    log = MemoryLog()
+    start(log)
+    for t in range(4):
+        log.extend([Step(content="", tool_calls=(ToolCall(f"c{t}", "read", "{}"),)),
+                    ToolResult(tool_call_id=f"c{t}", content="data " * 100)])
+    ctx = ContextBuilder(tok, params={"on_overflow": "truncate"}, budget=300).build(log)
+    again = rebuild(log, tokenizer=tok, budget=300)
+    assert ctx.truncated and again.truncated and again.token_ids == ctx.token_ids
