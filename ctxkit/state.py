@@ -339,6 +339,7 @@ def _remove_extras(target: Path, entries: Mapping[str, Mapping[str, Any]]) -> in
     """Remove what the snapshot does not have, or has as another kind; never follows links."""
     removed = 0
     for dirpath, dirnames, filenames in os.walk(target, topdown=False, followlinks=False):
+        writable = False
         for name in dirnames + filenames:
             full = os.path.join(dirpath, name)
             rel = Path(full).relative_to(target).as_posix()
@@ -352,6 +353,9 @@ def _remove_extras(target: Path, entries: Mapping[str, Mapping[str, Any]]) -> in
                 keep = want is not None and want["type"] == "file" and stat.S_ISREG(st.st_mode)
             if keep:
                 continue
+            if not writable:  # a read-only folder (restored later to its recorded mode) must let us remove
+                os.chmod(dirpath, stat.S_IMODE(os.lstat(dirpath).st_mode) | 0o700)
+                writable = True
             if stat.S_ISDIR(st.st_mode) and not stat.S_ISLNK(st.st_mode):
                 os.chmod(full, 0o700)
                 shutil.rmtree(full)
