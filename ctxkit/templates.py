@@ -201,7 +201,7 @@ class ChatTemplate:
     """The template text."""
     origin: str
     """`"tokenizer"`, `"ctxkit"` or `"file"`."""
-    variables: Mapping[str, str] = field(default_factory=dict)
+    variables: Mapping[str, Any] = field(default_factory=dict)
     """Template variables passed like transformers does (the tokenizer's special tokens: bos_token, ...)."""
     options: Mapping[str, Any] = field(default_factory=lambda: dict(RENDER_OPTIONS))
     """Render options (sandbox, whitespace control, pinned clock)."""
@@ -264,7 +264,7 @@ def available_templates() -> list[str]:
 def _variables(tokenizer) -> dict[str, str]:
     hf = getattr(tokenizer, "hf", None)
     if hf is not None:
-        return {k: v for k, v in hf.special_tokens_map.items() if isinstance(v, str)}
+        return _plain(dict(hf.special_tokens_map), "special tokens")  # as apply_chat_template passes them
     out = {}
     if getattr(tokenizer, "bos_token", None):
         out["bos_token"] = tokenizer.bos_token
