@@ -114,7 +114,7 @@ class Retrieve(BaseCompressor):
             n_base = request.measure(base)
         query = latest_query(base.messages)
         index = self.index_for(request.events)
-        docs = _documents(request.events)
+        docs = documents(request.events)
         who = self.spec.name
 
         reserve = 0
@@ -172,7 +172,7 @@ def _episode_key(events: Sequence[Event]) -> str:
     return f"first-event:{events[0].id}" if events else "empty"
 
 
-def _documents(events: Sequence[Event]) -> list[tuple[str, str, str]]:
+def documents(events: Sequence[Event]) -> list[tuple[str, str, str]]:
     """`(event id, text, label)` of every chat event with text, in log order."""
     out = []
     for e in events:
