@@ -125,3 +125,25 @@ def test_help_everywhere(argv, capsys):
         main([*argv, "--help"])
     assert exc.value.code == 0
     assert "usage: ctxkit" in capsys.readouterr().out
+
+
+def test_render_log_keeps_sampled_step_ids(tmp_path, capsys):
+    """A Step's sampled ids are rendered verbatim from a log, and a re-split word shows up as a drift."""
+    from ctxkit.events import EpisodeStart, Message, Step
+    from ctxkit.log import EventLog
+    from ctxkit.tokenizers import load_tokenizer
+
+    qwen = str(tokenizer_dir("qwen2.5-instruct"))
+    tok = load_tokenizer(qwen)
+    odd = tok.encode("Hel") + tok.encode("lo") + tok.encode(" world") + [151645]
+    path = tmp_path / "steps.jsonl"
+    with EventLog.create(path) as log:
+        log.append(EpisodeStart())
+        log.append(Message(role="user", content="Say hello"))
+        log.append(Step(token_ids=tuple(odd), content="Hello world", finish_reason="stop"))
+    assert main(["render", str(path), "--tokenizer", qwen]) == 0
+    out = json.loads(capsys.readouterr().out)
+    span = out["spans"][-1]
+    assert span["role"] == "assistant" and out["token_ids"][span["start"] : span["end"]] == odd
+    assert out["drifts"] == [{"message_index": 1, "position": span["start"], "sampled_ids": odd[:2],
+                              "rendered_ids": [9707]}]

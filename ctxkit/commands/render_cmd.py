@@ -49,10 +49,18 @@ def load_messages(path: str | Path) -> tuple[list[dict], list[dict] | None]:
 
     path = Path(path)
     if path.suffix == ".jsonl":
+        from ctxkit.events import Message, Step, ToolResult
         from ctxkit.log import EventLog, export_conversation, export_messages
 
         log = EventLog.open(path)
         messages = export_messages(log)
+        # sampled steps keep their token ids (token-in-token-out); export_messages lists one message per
+        # Message, Step and ToolResult event, in order
+        chat_events = [e for e in log.events() if isinstance(e, (Message, Step, ToolResult))]
+        if len(chat_events) == len(messages):
+            for event, message in zip(chat_events, messages):
+                if isinstance(event, Step) and event.token_ids:
+                    message["token_ids"] = list(event.token_ids)
         tools = export_conversation(log).get("tools") or None
         return messages, tools
     from ctxkit.log import load_conversation
