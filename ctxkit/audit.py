@@ -281,6 +281,7 @@ def _check_record(p: str, events: Sequence[Event], steps: Sequence[Step], acc: _
         return False
     samples = assemble_samples([(r.step, r.token_ids, r.got_hash) for r in results], episode_meta(events))
     acc.n["loss_tokens"] += sum(s.n_sampled for s in samples)
+    acc.n["rebuilt"] += 1
     by_hash = {r.got_hash: r.context for r in results}
     for s in samples:
         for h in s.context_hashes[1:]:
@@ -471,17 +472,18 @@ def _rate(a: float, b: float) -> float | None:
 
 def _figures(acc: _Acc, trained_at: int | None) -> dict[str, Any]:
     n, f = acc.n, acc.floats
+    rebuilt = acc.n["rebuilt"] > 0  # loss-bearing tokens are known only from rebuilt samples
     out: dict[str, Any] = {
         "logs": n["logs"],
         "steps": n["steps"],
         "compactions": n["compactions"],
         "generated_tokens": n["generated_tokens"],
-        "loss_tokens": n["loss_tokens"],
+        "loss_tokens": n["loss_tokens"] if rebuilt else None,
         "generation_s": round(f["generation_s"], 6),
         "generated_tokens_per_s": _rate(n["timed_tokens"], f["generation_s"]),
         "wall_s": round(f["wall_s"], 6),
         "generated_tokens_per_wall_s": _rate(n["generated_tokens"], f["wall_s"]),
-        "loss_tokens_per_wall_s": _rate(n["loss_tokens"], f["wall_s"]),
+        "loss_tokens_per_wall_s": _rate(n["loss_tokens"], f["wall_s"]) if rebuilt else None,
         "tool_timeout_rate": _rate(n["tool_timeouts"], n["tool_results"]),
         "episode_timeout_rate": _rate(n["episode_timeouts"], n["episodes"]),
         "abort_rate": _rate(n["aborted_steps"], n["steps"]),

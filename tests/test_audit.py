@@ -214,6 +214,8 @@ def test_figures_are_exact(clean, tmp_path):
     assert fig["tool_timeout_rate"] == pytest.approx(1 / 5, abs=1e-6)
     assert fig["discard_rate"] == 0.0 and fig["abort_rate"] == 0.0 and fig["episode_timeout_rate"] == 0.0
     assert fig["compactions"] >= 1 and fig["steps"] == N_TURNS
+    quick = audit([path], rebuild=False).figures  # without replay the loss-bearing tokens are unknown, not 0
+    assert quick["loss_tokens"] is None and quick["generated_tokens"] == n_gen
 
 
 def test_cli_over_a_run_folder(clean, tmp_path, capsys):

@@ -130,7 +130,7 @@ def register_samples(subparsers: Any) -> None:
         description="Rebuild and verify every step's context, merge steps whose contexts extend each other, "
         "and write one row per training sample (shared prefixes stored once; see ctxkit.export).",
     )
-    p.add_argument("logs", nargs="+", help="episode logs (.jsonl)")
+    p.add_argument("logs", nargs="+", help="episode logs (.jsonl) or run folders holding them")
     p.add_argument("-o", "--output", required=True, help="output file: .parquet or .jsonl")
     p.add_argument("--inline-prefixes", action="store_true", help="store every row's full tokens (no shared prefixes)")
     p.add_argument("--tokenizer", help="tokenizer spec to use instead of the recorded one (its id must match)")
@@ -139,14 +139,16 @@ def register_samples(subparsers: Any) -> None:
 
 
 def _samples(args: argparse.Namespace) -> int:
+    from ctxkit.audit import find_logs
     from ctxkit.export import write_samples
     from ctxkit.samples import samples
 
+    logs, _ = find_logs(args.logs)
     rows = []
-    for path in args.logs:
-        rows += samples(path, tokenizer=args.tokenizer, template=args.template)
+    for path in logs:
+        rows += samples(str(path), tokenizer=args.tokenizer, template=args.template)
     out = write_samples(rows, args.output, inline_prefixes=args.inline_prefixes)
     n_tok = sum(len(s.token_ids) for s in rows)
     n_loss = sum(s.n_sampled for s in rows)
-    print(f"{out}: {len(rows)} samples from {len(args.logs)} log(s), {n_tok} tokens, {n_loss} loss-bearing")
+    print(f"{out}: {len(rows)} samples from {len(logs)} log(s), {n_tok} tokens, {n_loss} loss-bearing")
     return 0
