@@ -103,7 +103,7 @@ def check_compressor(
     """Run a compressor (registry name, spec, `{"name","params"}` dict or instance) through the checks
     above; raises `InvariantError` (or the builder's typed error) on the first failure, with the
     minimal failing episode printed by hypothesis. Returns what was exercised."""
-    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import HealthCheck, Phase, example, given, settings
 
     from ctxkit.builder import ContextBuilder
     from ctxkit.compress import make_compressor
@@ -126,10 +126,15 @@ def check_compressor(
     strategy = episode_strategy(min_turns=min_turns, max_turns=max_turns, min_words=max(5, max_words // 4),
                                 max_words=max_words)
 
+    # The largest plan always runs first, so every check exercises compaction at every budget.
+    largest = (SYSTEMS[0], TASKS[0], CONSTRAINTS[0],
+               [([max_words] * 3, FOLLOW_UPS[t % 3] if t % 4 == 3 else None, t) for t in range(max_turns)])
+
     # No shrinking: each example is many real builds; derandomized, so a failure reproduces as is.
     @settings(max_examples=max_examples, deadline=None, derandomize=True, database=None,
               phases=(Phase.explicit, Phase.generate), suppress_health_check=list(HealthCheck))
     @given(strategy)
+    @example(largest)
     def run(plan):
         stats["examples"] += 1
         for budget in budgets:
