@@ -211,3 +211,26 @@ def test_recorded_tokenizer_and_template_ids_are_enforced(tmp_path):
     allowed = verify_log(log, template="chatml-tools-v1", allow_hash_mismatch=True)
     assert not allowed.ok and allowed.results[0].warnings
     assert "recorded template id" in allowed.results[0].warnings[0]
+
+
+def test_compaction_naming_a_missing_event_is_a_rebuild_error_at_that_step(tmp_path):
+    src = tmp_path / "c.jsonl"
+    make_log(src, compressor="mask-observations").close()
+    events = read_events(src)
+    comp = next(e for e in events if isinstance(e, Compaction))
+    k = next(i for i, s in enumerate(e for e in events if isinstance(e, Step)) if s.seq > comp.seq)
+
+    def edit(body):
+        for obj in body:
+            if obj["id"] == comp.id:
+                ed = next(ed for ed in obj["edits"] if "event_id" in ed)
+                ed["event_id"] = "e999-00000000"
+        return body
+
+    rechain(src, edit)
+    result = verify_log(list(read_events(src)))  # a plain sequence of events works too
+    assert result.first_failure.index == k and result.first_failure.context is None
+    assert "LogFormatError" in result.first_failure.error and "e999-00000000" in result.first_failure.error
+    assert result.first_failure.describe().startswith(f"step {k} (seq ")
+    with pytest.raises(ConfigError, match="expected an EventLog, a log path or a sequence of events"):
+        verify_log(42)
