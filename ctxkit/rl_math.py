@@ -320,7 +320,6 @@ def gae(
     bootstrap_values: Any,
     terminated: Any,
     boundary: Any,
-    *,
     gamma: float,
     lam: float,
 ) -> GaeResult:
