@@ -46,17 +46,17 @@ def _body(seq: int) -> str:
 def test_sigkill_mid_append_loses_no_acknowledged_event(tmp_path, capsys):
     """30 writers killed at random times; odd rounds kill the moment the file grows, i.e. inside the
     `write` of a multi-megabyte line. Every acknowledged event survives and `verify --repair` restores a
-    valid log each time. A fresh log every 10 rounds keeps the files small."""
+    valid log each time. A fresh log every 5 rounds keeps the files small."""
     rng = random.Random(1234)
     torn_rounds = kept_total = acked_total = 0
     for round_no in range(30):
-        if round_no % 10 == 0:
-            path = tmp_path / f"ep{round_no // 10}.jsonl"
+        if round_no % 5 == 0:
+            path = tmp_path / f"ep{round_no // 5}.jsonl"
             EventLog.create(path, durability="always").close()
             acked: set[int] = set()
         proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], stdout=subprocess.PIPE)
         assert proc.stdout.readline().startswith(b"ready")
-        time.sleep(rng.uniform(0.0, 0.05))
+        time.sleep(rng.uniform(0.0, 0.05 if round_no % 2 else 0.1))
         if round_no % 2:
             size, deadline = path.stat().st_size, time.monotonic() + 10
             while path.stat().st_size == size and time.monotonic() < deadline:
@@ -75,12 +75,12 @@ def test_sigkill_mid_append_loses_no_acknowledged_event(tmp_path, capsys):
         events = read_events(path)
         assert [e.seq for e in events] == list(range(len(events)))
         assert acked <= {e.seq for e in events}, f"acknowledged events lost: {sorted(acked - {e.seq for e in events})}"
-        if round_no % 10 == 9:
+        if round_no % 5 == 4:
             for e in events:  # every surviving event is exactly what was written
                 assert (e.tool_call_id, e.content, e.duration_s) == (f"c{e.seq}", _body(e.seq), e.seq / 3)
             kept_total += len(events)
             acked_total += len(acked)
-    assert acked_total >= 10  # the writers made real progress between kills
+    assert acked_total >= 5  # the writers made real progress between kills (not a vacuous check)
     with capsys.disabled():
         print(f"\n[sigkill] {acked_total} acknowledged events, {kept_total} kept, "
               f"{torn_rounds}/30 rounds left a torn tail (repaired)")
