@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import tokenizer_dir
 from experiment_configs import small_toml, write_config
 from ctxkit.cli import main
 from ctxkit.errors import ConfigError
@@ -91,12 +92,24 @@ def test_tokenizer_paths_resolve_against_shared_or_the_repository(tmp_path, monk
     assert resolve_tokenizer("HuggingFaceTB/SmolLM2-135M-Instruct", cfg_dir) == "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
-def test_quickstart_config_validates():
-    repo = Path(__file__).resolve().parents[2]
-    cfg = load_config(repo / "experiments" / "quickstart.toml")
-    assert len(cfg.arms) >= 5 and len(cfg.tasks) == 4
-    assert {a.compressor for a in cfg.arms} >= {"keep-all", "window", "mask-observations"}
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_quickstart_config_shape():
+    cfg = load_config(REPO / "experiments" / "quickstart.toml")
+    assert len(cfg.arms) >= 5 and len(cfg.tasks) == 4 and [a.kind for a in cfg.agents] == ["scripted"]
+    assert {a.compressor for a in cfg.arms} >= {"keep-all", "window", "mask-observations", "summarize", "retrieve"}
     assert any(not a.pins for a in cfg.arms) and any(a.pins and a.compressor == "window" for a in cfg.arms)
+
+
+@pytest.mark.parametrize("name", ["quickstart.toml", "lm_cpu.toml", "gpu.toml"])
+def test_shipped_configs_validate(name):
+    tokenizer_dir("qwen2.5-instruct"), tokenizer_dir("smollm2-135m-instruct")
+    cfg = load_config(REPO / "experiments" / name)
+    validate(cfg)
+    if name != "quickstart.toml":
+        assert cfg.agents[0].kind == "transformers" and cfg.template == "chatml-tools-v1"
+        assert cfg.agents[0].params["device"] == ("cuda" if name == "gpu.toml" else "cpu")
 
 
 def test_parse_config_defaults():
