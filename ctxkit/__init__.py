@@ -50,7 +50,10 @@ def __getattr__(name: str) -> Any:
     module = _PUBLIC.get(name)
     if module is None:
         raise AttributeError(f"module 'ctxkit' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    loaded = importlib.import_module(module)
+    # `samples` and `replay` name both a module and its main function: the module is callable and
+    # forwards to the function, so `import ctxkit.replay as m` and `ctxkit.replay(log, step=k)` both work.
+    value = loaded if module == f"ctxkit.{name}" else getattr(loaded, name)
     globals()[name] = value
     return value
 

@@ -383,3 +383,17 @@ def _thaw(content: Content) -> Any:
     if isinstance(content, tuple):
         return [dict(part) for part in content]
     return content
+
+
+def event_id(event: Event, seq: int) -> str:
+    """The id a log gives `event` at position `seq`: `e<seq>-<8 hex>` of its content, timestamp excluded.
+
+    Deterministic, so re-running an episode (or resuming it) yields the same ids, and placeholders
+    that name an event id render to the same tokens.
+    """
+    import hashlib
+
+    import orjson
+
+    body = orjson.dumps(event_to_dict(dataclasses.replace(event, seq=None, id=None, ts=None)), option=orjson.OPT_SORT_KEYS)
+    return f"e{seq}-{hashlib.sha256(body).hexdigest()[:8]}"

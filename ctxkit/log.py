@@ -30,7 +30,7 @@ import orjson
 
 from ctxkit.conversation import export_conversation, export_messages, import_conversation, load_conversation
 from ctxkit.errors import ConfigError, LogFormatError
-from ctxkit.events import EVENT_TYPES, SCHEMA_VERSION, Event, event_from_dict, event_to_dict
+from ctxkit.events import EVENT_TYPES, SCHEMA_VERSION, Event, event_from_dict, event_id, event_to_dict
 from ctxkit.logfile import (
     HEADER_KEY,
     LineProblem,
@@ -235,7 +235,8 @@ class EventLog:
             seq, prev, now = len(self._events), self._last_hash, time.time()
             lines, recorded = [], []
             for event in events:
-                filled = dataclasses.replace(event, seq=seq, id=f"e{seq}-{secrets.token_hex(4)}",
+                dumps_checked(event_to_dict(event), f"event {seq} ({event.kind})")  # typed error before hashing
+                filled = dataclasses.replace(event, seq=seq, id=event_id(event, seq),
                                              ts=event.ts if event.ts is not None else now)
                 body = dumps_checked(event_to_dict(filled), f"event {seq} ({event.kind})")
                 digest = line_hash(prev, body)

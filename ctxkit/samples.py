@@ -25,6 +25,8 @@ L3: imports L0, `rl_math`, and `replay` (same layer) for the verified contexts.
 from __future__ import annotations
 
 import math
+import sys
+import types
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
@@ -293,3 +295,14 @@ def samples(log_or_events: "EventLog | Sequence[Any] | str", *, tokenizer: Any =
         tok_id, tpl_id = r.tokenizer_id, r.template_id
     meta = episode_meta(events, episode_id=header_episode, template_id=tpl_id, tokenizer_id=tok_id)
     return assemble_samples(triples, meta)
+
+
+class _CallableModule(types.ModuleType):
+    """`ctxkit.samples` is both this module and the function `samples`: importing the submodule makes
+    the package attribute the module, so the module itself forwards calls to the function."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> list[TrainingSample]:
+        return samples(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
