@@ -124,7 +124,9 @@ def test_scripted_agent_turn_is_token_exact_and_decided_from_the_context(tmp_pat
     message = {"role": "assistant", "content": turn.content, "tool_calls": [c.to_openai() for c in turn.tool_calls]}
     assert turn.token_ids == tuple(encode_assistant_turn(message, qwen, builder.template, tools=list(ep.tools)))
     assert '"read_file"' in qwen.decode(list(turn.token_ids))
-    assert turn.finish_reason == "tool_calls" and turn.logprobs is None
+    assert turn.finish_reason == "tool_calls" and turn.logprob_kind == "processed"
+    assert turn.logprobs == (0.0,) * len(turn.token_ids)  # a deterministic policy: probability 1 per token
+    assert turn.sampling["temperature"] == 0.0 and turn.sampling["seed"] == 1
     # the decision is a function of the decoded ids alone
     assert agent.decide(ctx) == POLICIES["needle-recall"](qwen.decode(list(ctx.token_ids)))
 
