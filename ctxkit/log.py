@@ -238,8 +238,11 @@ class EventLog:
                 dumps_checked(event_to_dict(event), f"event {seq} ({event.kind})")  # typed error before hashing
                 filled = dataclasses.replace(event, seq=seq, id=event_id(event, seq),
                                              ts=event.ts if event.ts is not None else now)
-                body = dumps_checked(event_to_dict(filled), f"event {seq} ({event.kind})")
-                digest = line_hash(prev, body)
+                as_dict = event_to_dict(filled)
+                digest = line_hash(prev, dumps_checked(as_dict, f"event {seq} ({event.kind})"))
+                # The line keeps the caller's key order (tool schemas render in that order); the hash is over
+                # the sorted canonical form, so verification does not depend on it.
+                body = orjson.dumps(as_dict)
                 lines.append(body[:-1] + b',"prev":"' + prev.encode() + b'","hash":"' + digest.encode() + b'"}\n')
                 recorded.append(event_from_dict(orjson.loads(body)))  # exactly what a reader gets back
                 seq, prev = seq + 1, digest

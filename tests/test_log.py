@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import hashlib
 import os
 import re
@@ -290,3 +291,19 @@ def test_load_conversation_invalid_json_names_file_and_position(tmp_path):
     assert re.search(r"conv\.json:3: invalid JSON: .*\(line 3, column 12, byte 62\)", str(info.value))
     with pytest.raises(LogFormatError, match="cannot read"):
         load_conversation(tmp_path / "absent.json")
+
+
+def test_import_export_keeps_key_order_of_tool_schemas(tmp_path):
+    # Templates render tool schemas with tojson in the order given; a reordered schema renders other ids.
+    conv = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "tools": [{"type": "function", "function": {"name": "z", "description": "d", "parameters": {
+            "type": "object", "properties": {"b": {"type": "string"}, "a": {"type": "string"}}}}}],
+    }
+    path = tmp_path / "order.jsonl"
+    log = EventLog.create(path)
+    log.extend(import_conversation(conv))
+    log.close()
+    back = export_conversation(EventLog.open(path).events())
+    assert json.dumps(back["tools"]) == json.dumps(conv["tools"])
+    assert list(back["tools"][0]["function"]["parameters"]["properties"]) == ["b", "a"]
