@@ -110,7 +110,7 @@ def test_report_files(small_run):
 
 def test_rows_are_deterministic_and_process_workers_agree(small_run, tmp_path):
     cfg, out, _ = small_run
-    run_experiment(cfg, tmp_path / "again", workers=2, progress=False, report=False)
+    run_experiment(cfg, tmp_path / "again", workers=2, progress=True, report=False)  # rich bar on stderr
     assert strip_timing(read_rows(tmp_path / "again")) == strip_timing(read_rows(out))
 
 

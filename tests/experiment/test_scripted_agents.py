@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest import tokenizer_dir
 from ctxkit.errors import ConfigError
@@ -138,3 +140,29 @@ def test_scripted_agent_rejects_params_and_unknown_tasks(qwen):
         make_agent("scripted", tokenizer=qwen, template=None, task="chess")
     with pytest.raises(ConfigError, match="unknown agent 'gpt'"):
         make_agent("gpt")
+
+
+_FRAGMENTS = st.sampled_from([
+    "FILE logs/01.log\nnext: logs/02.log\n", "FILE logs/03.log\nnext: none\n", "FILE records/02.txt\nnext: records/03.txt\n",
+    "QUESTION: What is the access code for vault-7? It was logged in logs/01.log. Answer with the code only.",
+    "ACCESS CODE for vault-7 is AB12-CD34\n", "QUESTION: In which city is the manager of Hiro's department based?",
+    "FACT: Hiro works in the Vega department.", "FACT: The Vega department is managed by Sato.", "STEP 2 of 3: r2 = r1 * 7\n",
+    "RESULT r1 = 12 * 3 = 36\n", "QUESTION: Answer with the value of r3.", "TODO: set workers to 9 in settings.\n",
+    "FILE settings\nworkers = 4\n", RULE, "COPIED settings -> settings-local\n", "[tool output e5 masked: 300 tokens]",
+])
+_TOOLS = {
+    "needle-recall": {"read_file", "search"}, "multi-hop": {"read_file", "search"},
+    "calculator-chain": {"read_file", "multiply", "recall"},
+    "constraint-edit": {"read_file", "copy_file", "replace_in_file"},
+}
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.one_of(_FRAGMENTS, st.text(max_size=40)), max_size=12), st.sampled_from(sorted(POLICIES)))
+def test_policies_always_decide_something_valid(parts, task):
+    """Whatever a compressor left visible, a script answers or calls one of its task's tools (never crashes)."""
+    d = POLICIES[task]("\n".join(parts))
+    assert (d.answer is None) != (d.tool is None)
+    if d.tool is not None:
+        assert d.tool in _TOOLS[task]
+        assert all(isinstance(v, (str, int)) and not isinstance(v, bool) for v in d.arguments.values())
