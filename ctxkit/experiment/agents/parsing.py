@@ -13,7 +13,8 @@ The format is the hermes / Qwen / ChatML-tools one the `chatml-tools` templates 
 A leading `<think>...</think>` block (Qwen3) becomes `reasoning_content`. Tool-call arguments are kept as
 the exact JSON text the model wrote (never re-serialized). A malformed call (bad JSON, no name, a block
 that never closes) is returned as a `ToolCallParseError` in `ParsedTurn.errors`, never raised, so the
-runner can count it and the episode goes on; its text stays in `content`.
+runner can count it and the episode goes on; its text stays in `content`, so
+`len(parse_text(turn.content or "").errors)` counts a recorded turn's malformed calls again later.
 
 L4 (experiment): imports `ctxkit.events` only.
 """
