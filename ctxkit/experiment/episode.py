@@ -19,6 +19,11 @@ for tasks with external state). Ends:
 | turn cut by the generation limit, no tool call | truncated | `max_new_tokens` | `length_truncation` |
 | `limits.max_steps` steps taken | truncated | `max_steps` | `limit_truncation` |
 | `limits.wall_time_s` passed | truncated | `wall_time` | `limit_truncation` |
+| the library refused (a `CtxkitError` from building, rendering or the agent) | truncated | `harness_error` | `unscored` |
+
+A harness error ends only its episode (the error text is kept in `EpisodeEnd.scores["error"]`) so one bad
+episode does not stop a long grid; the report lists it under Ends. Any other exception is a bug and
+propagates.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ctxkit.errors import BudgetError
+from ctxkit.errors import BudgetError, CtxkitError
 from ctxkit.events import EpisodeEnd, EpisodeStart, ToolResult, message_from_openai
 from ctxkit.experiment.agents.base import Agent, make_agent, to_step
 from ctxkit.experiment.config import EpisodeSpec, ExperimentConfig
@@ -100,6 +105,10 @@ def _snapshot(log: Any, episode: TaskEpisode, after_event_id: str | None) -> Non
 
     for name, path in episode.snapshot_dirs.items():
         record_snapshot(log, DirectoryState(path), name=name, after_event_id=after_event_id)
+
+
+def _harness_error(exc: Exception) -> EpisodeEnd:
+    return _end("truncated", "harness_error", None, "unscored", error=f"{type(exc).__name__}: {exc}")
 
 
 def _end(outcome: str, cause: str, reward: float | None, reward_kind: str, **scores: Any) -> EpisodeEnd:
@@ -181,6 +190,8 @@ def _loop(config, spec, log, builder, agent, episode: TaskEpisode, records: list
             ctx = builder.build(log)
         except BudgetError as exc:
             return _end("truncated", "context_budget", None, "length_truncation", error=str(exc))
+        except CtxkitError as exc:
+            return _harness_error(exc)
         build_s = time.perf_counter() - t0
         if ctx.truncated:
             return _end("truncated", "context_budget", None, "length_truncation", tokens=ctx.n_tokens, budget=ctx.budget)
@@ -189,7 +200,10 @@ def _loop(config, spec, log, builder, agent, episode: TaskEpisode, records: list
                         limit=limits.max_context)
         full_tokens = full.tokens(log.events())
         t1 = time.perf_counter()
-        turn = agent.act(ctx, tools=episode.tools, seed=step_seed(spec, step))
+        try:
+            turn = agent.act(ctx, tools=episode.tools, seed=step_seed(spec, step))
+        except CtxkitError as exc:
+            return _harness_error(exc)
         generate_s = time.perf_counter() - t1
         timings = {"build_s": build_s, "generate_s": float(turn.timings.get("generate_s", generate_s))}
         log.append(to_step(turn, ctx, timings=timings))

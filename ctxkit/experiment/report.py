@@ -229,11 +229,12 @@ def plot(summary: Mapping[str, Any], out_dir: Path) -> list[Path]:
 
     arms, per = summary["arms"], summary["per_arm"]
     paths = []
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for a in arms:
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    markers = "osD^vP*Xh<>"
+    for i, a in enumerate(arms):
         x, y = per[a]["prompt_tokens_mean"], per[a]["quality"]
-        ax.scatter([x], [y], s=60)
-        ax.annotate(a, (x, y), textcoords="offset points", xytext=(5, 5), fontsize=8)
+        ax.scatter([x], [y], s=70, marker=markers[i % len(markers)], label=a, alpha=0.85)
+    ax.legend(fontsize=8, loc="best")
     ax.set_xlabel("prompt tokens per episode (mean, all steps)")
     ax.set_ylabel("quality (mean)")
     ax.set_ylim(-0.05, 1.1)

@@ -205,12 +205,12 @@ def _prepare(config: ExperimentConfig, out: Path) -> tuple[list[EpisodeSpec], in
     grid = config.episodes()
     keys = {s.key for s in grid}
     kept: dict[str, dict[str, Any]] = {}
-    for row in read_rows(out):
+    original = read_rows(out)
+    for row in original:
         key = row.get("episode_id")
         if key in keys and key not in kept and _log_finished(out / row["log"]):
             kept[key] = row
-    original = read_rows(out)
-    if len(original) != len(kept) or (out / RESULTS).exists() and not _ends_clean(out / RESULTS):
+    if len(original) != len(kept) or ((out / RESULTS).exists() and not _ends_clean(out / RESULTS)):
         tmp = out / (RESULTS + ".tmp")
         tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in kept.values()))
         os.replace(tmp, out / RESULTS)

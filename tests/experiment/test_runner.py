@@ -218,3 +218,34 @@ def test_a_turn_cut_by_the_generation_limit_is_a_length_truncation(tmp_path):
     assert (end.outcome, end.cause, end.reward, end.reward_kind) == ("truncated", "max_new_tokens", None, "length_truncation")
     end, _ = _act_on(log, ep, AgentTurn(token_ids=(1,), content=ep.facts["expected"], finish_reason="stop"))
     assert (end.outcome, end.cause, end.reward, end.reward_kind) == ("terminated", "answered", 1.0, "scored")
+
+
+class _OutOfVocabulary:
+    """A real (tiny) agent that answers with a token id no tokenizer has: the next build must refuse it."""
+
+    name = "out-of-vocabulary"
+
+    def act(self, context, *, tools, seed):
+        return AgentTurn(token_ids=(10**9,), content="", finish_reason="tool_calls",
+                         tool_calls=(ToolCall(id="c1", name="read_file", arguments='{"path": "logs/00.log"}'),))
+
+    def close(self):
+        pass
+
+
+def test_a_library_error_ends_only_that_episode_as_harness_error(tmp_path):
+    import time
+
+    from ctxkit.builder import ContextBuilder
+    from ctxkit.events import EpisodeStart, message_from_openai
+    from ctxkit.experiment.config import EpisodeSpec
+    from ctxkit.experiment.episode import _loop
+
+    cfg = load_config(write_config(tmp_path, small_toml(seeds="[0]")))
+    ep, log = _episode_log(tmp_path)
+    builder = ContextBuilder(cfg.tokenizer, None, "window", 900)
+    log.append(EpisodeStart(episode_id="x", tools=ep.tools, context=builder.describe()))
+    log.extend([message_from_openai(m) for m in ep.messages])
+    end = _loop(cfg, EpisodeSpec("window", "needle-recall", 0), log, builder, _OutOfVocabulary(), ep, [], time.perf_counter())
+    assert (end.outcome, end.cause, end.reward, end.reward_kind) == ("truncated", "harness_error", None, "unscored")
+    assert end.scores["error"].startswith("MessageFormatError:") and "token_ids" in end.scores["error"]
