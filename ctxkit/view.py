@@ -322,9 +322,12 @@ def apply_edits_to_list(
 ) -> list[ViewMessage]:
     """Apply edit ops to a message list (no pinned block); returns a new list."""
     msgs = list(messages)
+    index: dict[str, int] | None = None  # event id -> position of its single message (mask/truncate)
     for i, edit in enumerate(edits):
         op = edit.get("op") if isinstance(edit, Mapping) else None
         here = f"{where}: edit {i} ({op!r})"
+        if op in ("drop", "summary", "retrieved"):
+            index = None  # positions change
         if op == "drop":
             ids = _ids(edit, here)
             kept = [m for m in msgs if not ids.intersection(m.provenance.event_ids)]
@@ -336,7 +339,9 @@ def apply_edits_to_list(
             text = edit.get("text")
             if not isinstance(eid, str) or not isinstance(text, str):
                 raise LogFormatError(f"{here}: needs a string 'event_id' and a string 'text'")
-            j = _find_single(msgs, eid)
+            if index is None:
+                index = _single_index(msgs)
+            j = index.get(eid)
             if j is None:
                 raise LogFormatError(f"{here}: event {eid!r} is not a single message in the view")
             how = "masked" if op == "mask" else "truncated"
@@ -390,11 +395,13 @@ def _ids(edit: Mapping[str, Any], here: str) -> set[str]:
     return set(ids)
 
 
-def _find_single(msgs: Sequence[ViewMessage], eid: str) -> int | None:
+def _single_index(msgs: Sequence[ViewMessage]) -> dict[str, int]:
+    """Event id -> position, for messages standing for exactly one event (verbatim, masked, truncated)."""
+    out: dict[str, int] = {}
     for j, m in enumerate(msgs):
-        if m.provenance.event_ids == (eid,) and m.provenance.how in ("verbatim", "masked", "truncated"):
-            return j
-    return None
+        if len(m.provenance.event_ids) == 1 and m.provenance.how in ("verbatim", "masked", "truncated"):
+            out.setdefault(m.provenance.event_ids[0], j)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- checks
