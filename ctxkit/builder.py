@@ -14,6 +14,7 @@ the builder's render), and a view that extends the previous one is rendered incr
 
 from __future__ import annotations
 
+import dataclasses
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -21,10 +22,10 @@ from typing import Any, Mapping, Sequence
 
 from ctxkit.compress import make_compressor
 from ctxkit.compress.base import CompressionRequest, Compressor, CompressorSpec
-from ctxkit.errors import BudgetError, ConfigError, InvariantError, PinViolationError, ReplayError
+from ctxkit.errors import BudgetError, ConfigError, InvariantError, LogFormatError, PinViolationError, ReplayError
 from ctxkit.events import Compaction, EpisodeStart, Event, Pin, Unpin
 from ctxkit.pins import RULESET, detect_constraints
-from ctxkit.view import Provenance, View, ViewMessage, ViewState, build_view, find_orphans, make_view
+from ctxkit.view import Provenance, View, ViewMessage, ViewState, apply_edits, build_view, find_orphans, make_view
 
 BUILDER_VERSION = "ctxkit-builder-v1"
 
@@ -156,7 +157,11 @@ class ContextBuilder:
 
     def build(self, log: Any) -> BuiltContext:
         """Build the context for the next assistant turn of `log` (an `EventLog`), appending detected
-        pins and the compaction (if any) to it."""
+        pins and the compaction (if any) to it. The compaction is recorded only once the context it
+        gives has passed every check."""
+        if not (hasattr(log, "events") and hasattr(log, "append") and hasattr(log, "extend")):
+            raise ConfigError(f"build() needs an EventLog or MemoryLog to record its decisions, got {type(log).__name__}; "
+                              "use rebuild(events, ...) to render a sequence of events without recording")
         events = log.events()
         self._sync(events)
         appended: list[str] = []
@@ -182,21 +187,32 @@ class ContextBuilder:
         compaction = self.compressor.compact(request)
         truncated = False
         if compaction is not None:
+            name = self.compressor.spec.name
             if not isinstance(compaction, Compaction):
-                raise InvariantError(f"compressor {self.compressor.spec.name} returned {type(compaction).__name__}, not a Compaction")
-            recorded = log.append(compaction)
-            appended.append(recorded.id)
+                raise InvariantError(f"compressor {name} returned {type(compaction).__name__}, not a Compaction")
+            try:
+                view = apply_edits(view, compaction.edits, where=f"compaction proposed by {name}")
+            except LogFormatError as exc:
+                raise InvariantError(f"compressor {name} proposed invalid edits: {exc}") from None
             truncated = bool(compaction.details.get("overflow"))
-            self._sync(log.events())
-            view = self._state.view()
+        # Check everything before recording the compaction, so a failed build records no decision.
+        check_pairing(view)
         rendered = self._renderer.render(view)
-        ctx = _finish(view, rendered, self.tokenizer, budget, tuple(appended), truncated)
+        ctx = _finish(view, rendered, self.tokenizer, budget, (), truncated)
         if ctx.n_tokens > budget and not truncated:
             raise BudgetError(
                 f"context is {ctx.n_tokens} tokens of the final render, over the budget of {budget} "
                 f"(budget {self.budget} - reserve {self.reserve_tokens}) after {self.compressor.spec.name}"
             )
-        return ctx
+        if compaction is not None:
+            recorded = log.append(compaction)
+            appended.append(recorded.id)
+            self._sync(log.events())
+            logged = self._state.view()
+            if logged.hash != view.hash:  # the recorded copy must give the view that was checked
+                raise InvariantError(f"compaction {recorded.id}: the view rebuilt from the log differs from the checked one")
+            ctx = dataclasses.replace(ctx, view=logged)
+        return dataclasses.replace(ctx, compactions=tuple(appended)) if appended else ctx
 
     def measure(self, view: View) -> int:
         """Exact token count of the final render of `view` (generation prompt included); cached by view hash."""
@@ -267,6 +283,7 @@ def rebuild(
         start = next((e for e in events if isinstance(e, EpisodeStart)), None)
         if start is not None and isinstance(start.context.get("budget"), int):
             budget = start.context["budget"] - int(start.context.get("reserve_tokens", 0) or 0)
+    check_pairing(view)
     rendered = _RenderCache(tok, tmpl).render(view)
     truncated = budget is not None and len(rendered.token_ids) > budget
     return _finish(view, rendered, tok, budget, (), truncated)
@@ -275,10 +292,14 @@ def rebuild(
 # ---------------------------------------------------------------------------------------------- internals
 
 
-def _finish(view: View, rendered: Any, tok: Any, budget: int | None, appended: tuple[str, ...], truncated: bool) -> BuiltContext:
+def check_pairing(view: View) -> None:
+    """`InvariantError` naming the events of every orphaned tool call or result in the view."""
     problems = find_orphans(view.messages)
     if problems:
         raise InvariantError("orphaned tool messages in the view: " + "; ".join(problems))
+
+
+def _finish(view: View, rendered: Any, tok: Any, budget: int | None, appended: tuple[str, ...], truncated: bool) -> BuiltContext:
     checked = check_pins(view, rendered, tok)
     ids = tuple(rendered.token_ids)
     return BuiltContext(

@@ -206,3 +206,38 @@ def test_keep_all_truncation_is_reproduced_by_rebuild(tok):
     ctx = ContextBuilder(tok, params={"on_overflow": "truncate"}, budget=300).build(log)
     again = rebuild(log, tokenizer=tok, budget=300)
     assert ctx.truncated and again.truncated and again.token_ids == ctx.token_ids
+
+
+def test_a_failed_build_records_no_compaction(tok):
+    from ctxkit.compress.base import BaseCompressor
+
+    class DropsACall(BaseCompressor):
+        """Broken on purpose: drops the first assistant call but keeps its result."""
+
+        NAME = "drops-a-call"
+        DEFAULTS: dict = {}
+
+        def propose(self, request, n_tokens):
+            first = next(m for m in request.view.messages if m.tool_calls)
+            return [{"op": "drop", "event_ids": list(first.provenance.event_ids)}], {}
+
+    log = MemoryLog()
+    start(log)
+    log.extend([Step(content="", tool_calls=(ToolCall("c0", "read", "{}"),)), ToolResult(tool_call_id="c0", content="x")])
+    n = len(log)
+    with pytest.raises(InvariantError, match="answers call 'c0' with no matching call"):
+        ContextBuilder(tok, compressor=DropsACall(trigger="every_turn"), budget=4000).build(log)
+    assert [e.kind for e in log.events()[n:]] == ["pin"]  # the detection is kept, the bad decision is not
+    with pytest.raises(InvariantError, match="proposed invalid edits"):
+        class BadOp(DropsACall):
+            NAME = "bad-op"
+
+            def propose(self, request, n_tokens):
+                return [{"op": "mask", "event_id": "nope", "text": "x"}], {}
+
+        ContextBuilder(tok, compressor=BadOp(trigger="every_turn"), budget=4000).build(log)
+
+
+def test_build_needs_a_log(tok):
+    with pytest.raises(ConfigError, match="needs an EventLog or MemoryLog"):
+        ContextBuilder(tok, budget=4000).build([Message(role="user", content="hi")])
