@@ -188,9 +188,10 @@ class PassageIndex:
         """Whether this document (id and text) is indexed already."""
         return (doc_id, text_sha(text)) in self._docs
 
-    def add(self, docs: Iterable[tuple[str, str]]) -> int:
+    def add(self, docs: Iterable[tuple[str, str]], also: Sequence[str] = ()) -> int:
         """Index the documents `(doc_id, text)` not indexed yet (one `encode` call for all their passages);
-        returns the number of passages added."""
+        returns the number of passages added. Texts in `also` (e.g. the next query) are embedded in the
+        same call when any passage is new, so a later `search` finds their vectors cached."""
         new: list[Passage] = []
         spans: dict[tuple[str, str], tuple[int, int]] = {}
         with self._lock:
@@ -206,7 +207,8 @@ class PassageIndex:
                 spans[key] = (start, start + len(chunks))
             if not new:
                 return 0
-            vecs = self.embedder.encode([p.text for p in new])
+            extra = [t for t in also if t]
+            vecs = self.embedder.encode([p.text for p in new] + extra)[: len(new)]
             if self._index is None:
                 import faiss
 

@@ -138,7 +138,7 @@ class Retrieve(BaseCompressor):
             out = _out_of_window(docs, window)
             hits: list[Hit] = []
             if out and query and k > 0:
-                index.add((eid, text) for eid, text, _ in out)
+                index.add(((eid, text) for eid, text, _ in out), also=(query,))
                 ranks = {(eid, text_sha(text)): i for i, (eid, text, _) in enumerate(out)}
                 hits = index.search(query, k, ranks)
             edits = list(drops)
