@@ -114,6 +114,7 @@ def test_temperature_one_without_filters_is_raw_and_greedy_is_a_point_mass():
         ({"stop_token_ids": "2"}, "stop_token_ids='2' must be a list of token ids"),
         ({"top_p": 2.0}, "top_p=2.0 is invalid"),
         ({"max_new_tokens": -1}, "max_new_tokens=-1 is invalid"),
+        ({"num_threads": 0}, "num_threads=0 must be an integer >= 1"),
     ],
 )
 def test_check_params_fails_before_any_model_load(params, fragment):
