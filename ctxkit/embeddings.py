@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -110,9 +109,6 @@ class TextEmbedder:
                 while len(cache) > VECTOR_CACHE_SIZE:
                     cache.popitem(last=False)
         return np.ascontiguousarray(np.stack([found[k] for k in keys]))
-
-
-_WS = re.compile(r"\s+")
 
 
 def chunk_text(text: str, max_chars: int) -> list[str]:

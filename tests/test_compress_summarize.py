@@ -106,7 +106,6 @@ def test_summary_covers_the_middle_and_replays_without_the_summarizer(qwen, tmp_
     start(log)
     t = 0
     while not compactions(log):
-        before = log.events()
         turn(log, t)
         t += 1
         ctx = builder.build(log)
@@ -138,7 +137,6 @@ def test_summary_covers_the_middle_and_replays_without_the_summarizer(qwen, tmp_
     # Building again with nothing new records nothing and calls nothing.
     n = len(log)
     assert builder.build(log).token_ids == ctx.token_ids and len(log) == n and len(rec.inputs) == 1
-    assert before  # (the loop ran)
 
 
 def test_later_summaries_fold_in_the_earlier_one(qwen):
