@@ -275,3 +275,26 @@ def test_lm_summarizer_end_to_end_with_real_smollm2(qwen):
     assert text.startswith(SUMMARY_HEADER + "\n") and len(text) > len(SUMMARY_HEADER) + 1
     assert text in qwen.decode(ctx.token_ids)
     assert rebuild(log.events(), tokenizer=qwen).token_ids == ctx.token_ids
+
+
+class ReturnsNothing:
+    """A summarizer object that breaks the protocol's return type."""
+
+    id = "returns-nothing"
+    version = 1
+
+    def summarize(self, messages):
+        return None
+
+
+def test_a_summarizer_returning_a_non_string_is_a_typed_error(qwen):
+    from ctxkit.builder import MemoryLog
+    from ctxkit.summarizers import SummarizerError
+
+    builder = ContextBuilder(qwen, compressor=Summarize(summarizer=ReturnsNothing(), keep_last=1), budget=400)
+    log = MemoryLog()
+    start(log)
+    for t in range(4):
+        turn(log, t)
+    with pytest.raises(SummarizerError, match="'returns-nothing' returned NoneType, not a string"):
+        builder.build(log)

@@ -34,7 +34,7 @@ import orjson
 from ctxkit.compress.base import BaseCompressor, CompressionRequest, require_choice, require_int
 from ctxkit.compress.window import base_messages, fit_window, prefix_groups, turn_groups
 from ctxkit.errors import ConfigError
-from ctxkit.summarizers import SUMMARIZERS, Summarizer, make_summarizer
+from ctxkit.summarizers import SUMMARIZERS, Summarizer, SummarizerError, make_summarizer
 from ctxkit.view import View, ViewMessage, apply_edits
 
 SUMMARY_HEADER = "Summary of earlier conversation:"
@@ -194,7 +194,7 @@ class Summarize(BaseCompressor):
         if text is None:
             text = self.summarizer.summarize(chat)
             if not isinstance(text, str):
-                raise ConfigError(f"{self.NAME}: summarizer {self.summarizer.id!r} returned {type(text).__name__}, not a string")
+                raise SummarizerError(f"{self.NAME}: summarizer {self.summarizer.id!r} returned {type(text).__name__}, not a string")
             self._memo[key] = text
             while len(self._memo) > 128:
                 self._memo.popitem(last=False)
