@@ -131,8 +131,11 @@ class EpisodeSpec:
     """One cell of the grid: an arm, a task, a seed."""
 
     arm: str
+    """Arm name."""
     task: str
+    """Task name."""
     seed: int
+    """Task seed (the same under every arm: the grid is paired)."""
 
     @property
     def key(self) -> str:
@@ -147,16 +150,25 @@ class ExperimentConfig:
     path: str
     """The config file (for error messages and the report)."""
     name: str
+    """Experiment name (default: the file's stem)."""
     tokenizer: str
     """Resolved tokenizer spec (a folder path, hub id or `tiktoken:...`)."""
     template: str | None
+    """Template spec, or None for the tokenizer's own."""
     seeds: tuple[int, ...]
+    """Task seeds, run under every arm."""
     tasks: tuple[TaskConfig, ...]
+    """Tasks of the grid."""
     agents: tuple[AgentConfig, ...]
+    """Agents the arms use."""
     arms: tuple[ArmConfig, ...]
+    """Arms of the grid, in report order."""
     baseline: str
+    """Arm the others are compared with."""
     limits: Limits
+    """Per-episode limits."""
     report: ReportConfig
+    """Report settings."""
 
     def arm(self, name: str) -> ArmConfig:
         """The arm named `name`."""
