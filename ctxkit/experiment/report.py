@@ -129,7 +129,16 @@ def summarize(
             tasks[r["task"]].append(r["quality"])
         for task, qs in tasks.items():
             per_task[task][arm] = float(np.mean(qs))
+    task_diffs: dict[str, dict[str, Any]] = defaultdict(dict)
+    for task in per_task:
+        base = {r["seed"]: r["quality"] for r in by_arm[baseline] if r["task"] == task}
+        for arm in order:
+            if arm != baseline:
+                other = {r["seed"]: r["quality"] for r in by_arm[arm] if r["task"] == task}
+                task_diffs[task][arm] = paired_bootstrap(base, other, n_resamples=n_resamples, seed=seed,
+                                                         confidence=confidence)
     return {"arms": order, "per_arm": per_arm, "diffs": diffs, "per_task": dict(sorted(per_task.items())),
+            "per_task_diffs": dict(sorted(task_diffs.items())),
             "baseline": baseline, "n_episodes": len(rows), "confidence": confidence, "n_resamples": n_resamples}
 
 
@@ -191,9 +200,19 @@ def render_markdown(summary: Mapping[str, Any], *, title: str, run_dir: str = ".
             cells.append("–" if ci.mean_diff is None else f"{_f(ci.mean_diff, 3)} [{_f(ci.low, 3)}, {_f(ci.high, 3)}]{star}")
         out.append(f"| {a} | " + " | ".join(cells) + " |")
     out += ["", "`*`: the interval excludes zero.", "", "## Quality per task", "",
+            f"Mean quality; below it, the paired difference against `{base}` on that task's seeds, with its CI.", "",
             "| task | " + " | ".join(arms) + " |", "|---|" + "---|" * len(arms)]
     for task, qs in summary["per_task"].items():
         out.append(f"| {task} | " + " | ".join(_f(qs.get(a)) for a in arms) + " |")
+        cis = summary.get("per_task_diffs", {}).get(task, {})
+        cells = []
+        for a in arms:
+            ci = cis.get(a)
+            if ci is None or ci.mean_diff is None:
+                cells.append("–" if a != base else "(baseline)")
+            else:
+                cells.append(f"{_f(ci.mean_diff)} [{_f(ci.low)}, {_f(ci.high)}]" + (" *" if ci.excludes_zero() else ""))
+        out.append("| vs baseline | " + " | ".join(cells) + " |")
     out += ["", "## Where time goes", "",
             "Seconds summed over each arm's episodes. Stages `build` (context building and compression), `generate` "
             "(the agent: prefill + decode) and `tool` could overlap across batches in a pipelined collector; "

@@ -57,6 +57,9 @@ def test_summary_aggregates_exactly():
     assert d["quality"].mean_diff == pytest.approx(0.0) and d["quality"].n_pairs == 3
     assert d["violations"].mean_diff == pytest.approx(1 / 3)
     assert s["per_task"] == {"t": {"a": 1.0, "b": 0.5}, "u": {"a": 0.0, "b": 1.0}}
+    t_ci, u_ci = s["per_task_diffs"]["t"]["b"], s["per_task_diffs"]["u"]["b"]
+    assert (t_ci.n_pairs, t_ci.mean_diff, t_ci.low, t_ci.high) == (2, -0.5, -1.0, 0.0)
+    assert (u_ci.n_pairs, u_ci.mean_diff, u_ci.low, u_ci.high) == (1, 1.0, 1.0, 1.0) and u_ci.excludes_zero()
 
 
 def test_markdown_tables():
@@ -68,6 +71,7 @@ def test_markdown_tables():
     assert cells[4] == "-400 [-400, -400] *"  # prompt tokens: excludes zero
     assert not cells[1].endswith("*")  # quality: 0 difference
     assert "| a | terminated/answered: 2, truncated/context_budget: 1 |" in text
+    assert "| u | 0 | 1 |\n| vs baseline | (baseline) | 1 [1, 1] * |" in text
     assert "ctxkit replay --verify runs/x/episodes/<arm>/<task>-<seed>.jsonl" in text
     assert "ctxkit audit runs/x" in text
 
