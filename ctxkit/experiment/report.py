@@ -216,7 +216,8 @@ def render_markdown(summary: Mapping[str, Any], *, title: str, run_dir: str = ".
     out += ["", "## Where time goes", "",
             "Seconds summed over each arm's episodes. Stages `build` (context building and compression), `generate` "
             "(the agent: prefill + decode) and `tool` could overlap across batches in a pipelined collector; "
-            "`other` (logging, snapshots, scoring) is counted as not overlappable. Bound = largest stage + other.",
+            "`other` (log writes with fsync, state snapshots, scoring, and the harness's own render of the uncompressed "
+            "history for the compression ratio) is counted as not overlappable. Bound = largest stage + other.",
             "", "| arm | build | generate (prefill / decode) | tool | other | generated tok/s | loss tok/s | "
             "tool wait p50/p90/p99 | timeout rate | discard rate | serial | bound | speedup | wall p50/p90/p99 |",
             "|" + "---|" * 15]
