@@ -224,6 +224,8 @@ def _act_on(log, episode: TaskEpisode, turn) -> tuple[EpisodeEnd | None, float]:
     if not turn.tool_calls:
         if turn.finish_reason == "length":
             return _end("truncated", "max_new_tokens", None, "length_truncation"), 0.0
+        if turn.finish_reason == "abort":  # the engine gave up (e.g. an HTTP timeout): a limit, not an answer
+            return _end("truncated", "generation_aborted", None, "limit_truncation"), 0.0
         score = episode.score(turn.content or "")
         return _end("terminated", score.cause, score.reward, score.reward_kind, quality=score.quality,
                     violations=score.violations, **dict(score.details)), 0.0
