@@ -38,15 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"ctxkit {importlib.import_module('ctxkit').__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module_name in COMMANDS.items():
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name == module_name:
-                continue  # not built yet
-            raise
-        register = getattr(module, f"register_{name}", None)
-        if register is not None:
-            register(sub)
+        getattr(importlib.import_module(module_name), f"register_{name}")(sub)
     return parser
 
 
