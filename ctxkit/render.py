@@ -35,7 +35,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from ctxkit.chat_messages import message_text, validate_message
 from ctxkit.errors import MessageFormatError, RenderError, TemplateError
-from ctxkit.template_check import strings_in, template_markers
+from ctxkit.template_check import strings_in, template_locality, template_markers, window_delta
 from ctxkit.templates import ChatTemplate, _plain, load_template, normalize_messages
 from ctxkit.tokenizers import Tokenizer, load_tokenizer
 
@@ -156,6 +156,16 @@ class IncrementalRenderer:
         self._any_sampled = False
         self._hash_cp: tuple[int, Any] = (0, hashlib.sha256(b"ctxkit-context-v1"))
         self._mode = ""
+        # windowed text rendering (templates found local by `template_locality`)
+        self._local = template_locality(self.tokenizer, self.template).local
+        self._core: tuple[int, str] | None = None  # (m, render of the first m messages without prompt)
+        self._head: str | None = None  # render of the first message alone
+        self._subs: list[_Sub] = []  # sampled-id substitutions of the last output, in order
+        self._out: tuple[list, list, list] = ([], [], [])  # output ids/mask/roles up to the last one
+        self.window_renders = 0
+        """Renders whose text came from a suffix window (`template_check.window_delta`)."""
+        self.full_renders = 0
+        """Renders of the whole conversation through the template."""
 
     def __len__(self) -> int:
         return len(self._messages)
@@ -328,7 +338,11 @@ class IncrementalRenderer:
                     out.append(_Region(pos, s, "generation_prompt", i, "header"))
                 else:
                     turn = self._turn(i)
-                    s = text.find(turn, cursor)
+                    # Prefer the turn behind its generation prompt: the bare turn text (e.g. just the
+                    # end-of-turn token of an empty reply) may also close the previous message.
+                    s = text.find(gp + turn, cursor) + len(gp) if gp else -1
+                    if s < len(gp) or not gp:
+                        s = text.find(turn, cursor)
                     if s >= 0:
                         e = s + len(turn)
                     elif gp and eot and text.find(gp, cursor) >= 0:
@@ -396,9 +410,30 @@ class IncrementalRenderer:
                     self._mask[a:z] = [1] * (z - a)
         return t0
 
+    def _text_for(self, agp: bool) -> str:
+        """The full rendered text: from a suffix window when the template is local and the delta passes
+        its check against the text already known, else a render of the whole conversation."""
+        chat, core = self._chat, self._core
+        if self._local and core is not None:
+            try:
+                if self._head is None:
+                    self._head = self._render_text(chat[:1], False)
+                got = window_delta(self._render_text, chat, core[0], core[1], agp, self._head)
+            except TemplateError:
+                got = None  # the full render below decides (and raises if the template rejects it)
+            if got is not None:
+                self._core = (len(chat), got[0])
+                self.window_renders += 1
+                return got[1]
+        text = self._render_text(chat, agp)
+        self.full_renders += 1
+        if self._local:
+            self._core = (len(chat), self._render_text(chat, False) if agp else text)
+        return text
+
     def render(self, add_generation_prompt: bool = False) -> RenderedContext:
         """The context for the messages so far (ids equal `apply_chat_template(..., tokenize=True)`)."""
-        text = self._render_text(self._chat, add_generation_prompt)
+        text = self._text_for(add_generation_prompt)
         try:
             stable = self._retokenize(text)
             relabel_from = self._locate(text, add_generation_prompt, stable)
@@ -415,24 +450,31 @@ class IncrementalRenderer:
         self._regions, self._prefix_max, self._unresolved = [], [], []
         self._final, self._located, self._mode = None, 0, ""
         self._hash_cp = (0, hashlib.sha256(b"ctxkit-context-v1"))
+        self._core = None
+        self._subs, self._out = [], ([], [], [])
 
     def _output(self, changed: int) -> RenderedContext:
-        """Assemble the context; `changed` is the first rendered token that may differ from last time."""
+        """Assemble the context; `changed` is the first rendered token that may differ from last time.
+
+        Sampled-id substitutions are kept between renders: those wholly before `changed` (same turn,
+        same token range) are reused with the output before them; only later ones are redone."""
         ids, mask, roles = self._ids, self._mask, self._roles
         eot_id = self._info.end_of_turn_id
-        drifts: list[Drift] = []
-        pieces_ids: list[list[int]] = []
-        pieces_mask: list[list[int]] = []
-        pieces_roles: list[list[str]] = []
-        sub_ends: list[int] = []  # rendered token index where each substitution ends
-        sub_shift: list[int] = []  # cumulative shift after it
-        span_pos: dict[int, tuple[int, int]] = {}
-        produced = [r for r in self._regions if r.kind == "produced"] if self._any_sampled else ()
-        cut = shift = 0
-        for r in produced:
+        subs = self._subs
+        produced = (
+            [r for r in self._regions if r.kind == "produced" and self._sampled[r.index] is not None]
+            if self._any_sampled else []
+        )
+        k = 0
+        while (k < len(subs) and k < len(produced) and subs[k].index == produced[k].index
+               and (subs[k].a, subs[k].z) == produced[k].tokens and subs[k].z <= changed):
+            k += 1
+        del subs[k:]
+        cut, shift = (subs[-1].z, subs[-1].shift) if subs else (0, 0)
+        o_ids, o_mask, o_roles = self._out
+        del o_ids[cut + shift :], o_mask[cut + shift :], o_roles[cut + shift :]
+        for r in produced[k:]:
             sampled = self._sampled[r.index]
-            if sampled is None:
-                continue
             a, z = r.tokens
             rendered = ids[a:z]
             out_ids = list(sampled)
@@ -445,6 +487,7 @@ class IncrementalRenderer:
                 out_mask.append(0)
                 out_roles.append("scaffold")
             pos0 = a + shift
+            drift = None
             if list(sampled) != compare:
                 p = 0
                 limit = min(len(sampled), len(compare))
@@ -453,34 +496,34 @@ class IncrementalRenderer:
                 q = 0
                 while q < limit - p and sampled[-1 - q] == compare[-1 - q]:
                     q += 1
-                drifts.append(
-                    Drift(r.index, pos0 + p, tuple(sampled[p : len(sampled) - q]), tuple(compare[p : len(compare) - q]))
-                )
-            pieces_ids += [ids[cut:a], out_ids]
-            pieces_mask += [mask[cut:a], out_mask]
-            pieces_roles += [roles[cut:a], out_roles]
-            span_pos[r.index] = (pos0, pos0 + len(sampled))
+                drift = Drift(r.index, pos0 + p, tuple(sampled[p : len(sampled) - q]), tuple(compare[p : len(compare) - q]))
+            o_ids += ids[cut:a]
+            o_ids += out_ids
+            o_mask += mask[cut:a]
+            o_mask += out_mask
+            o_roles += roles[cut:a]
+            o_roles += out_roles
             shift += len(out_ids) - (z - a)
-            sub_ends.append(z)
-            sub_shift.append(shift)
+            subs.append(_Sub(r.index, a, z, pos0, pos0 + len(sampled), shift, drift))
             cut = z
-        if not pieces_ids:
+        drifts = [sub.drift for sub in subs if sub.drift is not None]
+        sub_ends = [sub.z for sub in subs]  # rendered token index where each substitution ends
+        sub_shift = [sub.shift for sub in subs]  # cumulative shift after it
+        span_pos = {sub.index: (sub.start, sub.end) for sub in subs}
+        if not subs:
+            o_ids.clear(), o_mask.clear(), o_roles.clear()
             token_ids, loss_mask, token_roles = tuple(ids), tuple(mask), tuple(roles)
             out_changed = changed
         else:
-            pieces_ids.append(ids[cut:])
-            pieces_mask.append(mask[cut:])
-            pieces_roles.append(roles[cut:])
-            chain = itertools.chain.from_iterable
-            token_ids = tuple(chain(pieces_ids))
-            loss_mask = tuple(chain(pieces_mask))
-            token_roles = tuple(chain(pieces_roles))
+            token_ids = tuple(o_ids + ids[cut:])
+            loss_mask = tuple(o_mask + mask[cut:])
+            token_roles = tuple(o_roles + roles[cut:])
             k = bisect.bisect_right(sub_ends, changed)
             out_changed = changed + (sub_shift[k - 1] if k else 0)
             # a substitution straddling `changed` may have moved: hash from its start
-            for r in produced:
-                if self._sampled[r.index] is not None and r.tokens[0] < changed < r.tokens[1]:
-                    out_changed = min(out_changed, span_pos[r.index][0])
+            for sub in subs[k:]:
+                if sub.a < changed < sub.z:
+                    out_changed = min(out_changed, sub.start)
         spans: list[MessageSpan] = []
         seen: set[int] = set()
         for r in self._regions:
@@ -536,6 +579,19 @@ def _int32_bytes(ids: Sequence[int]) -> bytes:
     if sys.byteorder == "big":  # pragma: no cover
         arr.byteswap()
     return arr.tobytes()
+
+
+@dataclass(frozen=True)
+class _Sub:
+    """One sampled turn's ids put in place of its rendered ids (kept between renders)."""
+
+    index: int  # message index
+    a: int  # rendered token range replaced
+    z: int
+    start: int  # output token range of the sampled ids
+    end: int
+    shift: int  # cumulative length change after it
+    drift: Drift | None
 
 
 class _Fallback(Exception):

@@ -224,11 +224,16 @@ class ChatTemplate:
         add_generation_prompt: bool = False,
     ) -> str:
         """Render `messages` (OpenAI dicts) to text, as `apply_chat_template(..., tokenize=False)` would."""
+        chat = normalize_messages(messages)
+        tool_schemas = _plain(list(tools), "tools") if tools is not None else None
+        return self.render_chat(chat, tools=tool_schemas, add_generation_prompt=add_generation_prompt)
+
+    def render_chat(self, chat: list[dict], *, tools: Any = None, add_generation_prompt: bool = False) -> str:
+        """Render messages already normalized (`normalize_messages`) with plain tool schemas (or None)."""
         import jinja2
 
         compiled = _compile(self.source, self.sha256, self.name)
-        chat = normalize_messages(messages)
-        tool_schemas = _plain(list(tools), "tools") if tools is not None else None
+        tool_schemas = tools
         try:
             return compiled.render(
                 messages=chat,

@@ -1,0 +1,170 @@
+"""Windowed (suffix) text rendering: taken for local templates, never for history-rewriting or
+whole-list templates, and always equal to a full render."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import tokenizer_dir
+from ctxkit.errors import RenderError
+from ctxkit.render import IncrementalRenderer, render
+from ctxkit.template_check import scan_locality, template_locality
+from ctxkit.templates import load_template
+from ctxkit.tokenizers import load_tokenizer
+from render_cases import conversation
+
+LOCAL = [("qwen2.5-instruct", None, "qwen"), ("smollm2-135m-instruct", None, "smollm"),
+         ("qwen2.5-instruct", "chatml-tools-v1", "chatml")]
+
+
+def _tok(name):
+    return load_tokenizer(str(tokenizer_dir(name)))
+
+
+@pytest.mark.parametrize("name,template,family", LOCAL)
+def test_window_path_taken_and_exact(name, template, family):
+    """Local templates: after the first render every render of a growing conversation comes from a
+    window (when a window exists), and each one equals a full render."""
+    tok = _tok(name)
+    assert template_locality(tok, load_template(template, tok)).local
+    rng = random.Random(f"window-{name}-{template}")
+    windowed = 0
+    for _ in range(12):
+        msgs, tools = conversation(rng, family)
+        inc = IncrementalRenderer(tok, template, tools=tools)
+        for i, m in enumerate(msgs):
+            inc.append(m)
+            if rng.random() < 0.6 or i == len(msgs) - 1:
+                agp = rng.random() < 0.5
+                assert inc.render(add_generation_prompt=agp) == render(msgs[: i + 1], tok, template, tools, agp)
+        windowed += inc.window_renders
+    assert windowed >= 10
+
+
+def test_window_path_taken_every_agent_turn_qwen():
+    """The agent loop of the benchmark (assistant tool call + tool result, render with the prompt):
+    full renders while the conversation is too short for a window (system + user), then only windows."""
+    from ctxkit.benchmarks.render_bench import build_episode
+
+    tok = _tok("qwen2.5-instruct")
+    head, steps, tools = build_episode(12, seed=1)
+    inc = IncrementalRenderer(tok, tools=tools)
+    inc.extend(head)
+    msgs = list(head)
+    for pair in steps:
+        inc.render(add_generation_prompt=True)
+        inc.extend(pair)
+        msgs += pair
+    assert inc.render(add_generation_prompt=True) == render(msgs, tok, tools=tools, add_generation_prompt=True)
+    assert (inc.full_renders, inc.window_renders) == (2, 11)
+
+
+@pytest.mark.parametrize("name", ["qwen3", "mistral-7b-instruct-v0.3"])
+def test_whole_list_templates_never_windowed(name):
+    """Qwen3 (rewrites earlier turns after a new query) and Mistral (alternation counter) are not local."""
+    tok = _tok(name)
+    loc = template_locality(tok, load_template(None, tok))
+    assert not loc.local and loc.reason
+    family = "qwen3" if name == "qwen3" else "mistral"
+    msgs, tools = conversation(random.Random(5), family)
+    inc = IncrementalRenderer(tok, tools=tools)
+    for m in msgs:
+        inc.append(m)
+        try:
+            inc.render()
+        except Exception:
+            pass
+    assert inc.window_renders == 0 and inc.full_renders == len(msgs)
+
+
+@pytest.mark.parametrize("source,bad", [
+    ("{% for m in messages %}{{ m.content }}{% if loop.last %}!{% endif %}{% endfor %}", None),
+    ("{% for m in messages %}{% if loop.index0 == 0 or messages[loop.index0 - 1].role != m.role %}"
+     "<{{ m.role }}>{% endif %}{{ m.content }}{% endfor %}", None),
+    ("{{ messages[0].content }}{% for m in messages %}{{ m.content }}{% endfor %}", None),
+    ("{% for m in messages %}{{ m.content }}{% if messages[-1].role == 'user' %}.{% endif %}{% endfor %}", "messages[...]"),
+    ("{% for m in messages %}{{ m.content }}{{ messages|length }}{% endfor %}", "as a whole"),
+    ("{% for m in messages %}{{ loop.index }}: {{ m.content }}{% endfor %}", "loop.index"),
+    ("{% for m in messages %}{% if loop.revindex0 < 2 %}{{ m.content }}{% endif %}{% endfor %}", "loop.revindex0"),
+    ("{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}{{ m.content }}{% endfor %}",
+     "namespace"),
+    ("{% for m in messages[::-1] %}{{ m.content }}{% endfor %}", "messages[...]"),
+    ("{% for m in messages %}{{ m.content }}{% endfor %}{% for m in messages %}{% endfor %}", "2 loops"),
+])
+def test_scan_locality(source, bad):
+    """The syntax-tree scan accepts neighbour lookups, loop.first/last and messages[0]; it rejects
+    whole-list uses (length, messages[-1], slices, reversed loops, loop.index arithmetic, accumulators)."""
+    got = scan_locality(source)
+    if bad is None:
+        assert got is None
+    else:
+        assert got is not None and bad in got
+
+
+def test_lookup_past_the_window_start_stays_exact(tmp_path):
+    """A neighbour lookup two messages back reaches past the window's first message: the window's
+    render of that message differs from the known text, the check catches it, and every render still
+    equals a full render (window or fallback)."""
+    path = tmp_path / "two_back.jinja"
+    path.write_text(
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+        "{% if loop.index0 > 1 and messages[loop.index0 - 2].role == 'user' %}*{% endif %}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    tok = _tok("qwen2.5-instruct")
+    msgs = [{"role": "system", "content": "S"}]
+    inc = IncrementalRenderer(tok, str(path))
+    inc.extend(msgs)
+    rng = random.Random(2)
+    for k in range(20):
+        m = {"role": rng.choice(["user", "assistant"]), "content": f"m{k}"}
+        msgs.append(m)
+        inc.append(m)
+        assert inc.render(add_generation_prompt=k % 2 == 0) == render(msgs, tok, str(path), add_generation_prompt=k % 2 == 0)
+
+
+_TEXT = st.one_of(st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=12),
+                  st.sampled_from(["<|im_end|>", "<|im_start|>assistant\n", "\n", "<tool_call>", "</tool_response>"]))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(system=st.booleans(), with_tools=st.booleans(),
+       steps=st.lists(st.tuples(st.sampled_from(["user", "assistant", "call", "tools"]), _TEXT,
+                                st.integers(1, 3), st.booleans(), st.booleans()), min_size=1, max_size=14))
+def test_window_exact_on_generated_conversations(system, with_tools, steps):
+    """Property (Qwen2.5 template, tools or not, system or not, tool runs, renders after any step with
+    or without the prompt): every incremental render equals a full render."""
+    from render_cases import TOOLS
+
+    tok = _tok("qwen2.5-instruct")
+    tools = TOOLS if with_tools else None
+    msgs: list[dict] = [{"role": "system", "content": "Sys."}] if system else []
+    msgs.append({"role": "user", "content": "Go."})
+    inc = IncrementalRenderer(tok, tools=tools)
+    inc.extend(msgs)
+    pending: list[str] = []
+    for k, (kind, text, n, do_render, agp) in enumerate(steps):
+        if kind == "call":
+            pending = [f"c{k}_{j}" for j in range(n)]
+            new = [{"role": "assistant", "content": text, "tool_calls": [
+                {"id": cid, "type": "function", "function": {"name": "read_file", "arguments": {"path": text}}}
+                for cid in pending]}]
+        elif kind == "tools" and pending:
+            new = [{"role": "tool", "tool_call_id": cid, "content": text} for cid in pending]
+            pending = []
+        else:
+            new = [{"role": "user" if kind != "assistant" else "assistant", "content": text}]
+        msgs += new
+        inc.extend(new)
+        if do_render or k == len(steps) - 1:
+            try:
+                full = render(msgs, tok, tools=tools, add_generation_prompt=agp)
+            except RenderError:  # control text in content hides a turn: both paths must say so
+                with pytest.raises(RenderError):
+                    inc.render(add_generation_prompt=agp)
+                return
+            assert inc.render(add_generation_prompt=agp) == full
