@@ -157,11 +157,15 @@ class IncrementalRenderer:
         self._hash_cp: tuple[int, Any] = (0, hashlib.sha256(b"ctxkit-context-v1"))
         self._mode = ""
         # windowed text rendering (templates found local by `template_locality`)
-        self._local = template_locality(self.tokenizer, self.template).local
+        locality = template_locality(self.tokenizer, self.template)
+        self._local, self._reach = locality.local, locality.reach
         self._core: tuple[int, str] | None = None  # (m, render of the first m messages without prompt)
-        self._head: str | None = None  # render of the first message alone
+        self._head: str | None = None  # render of the first `reach` messages (see window_delta)
         self._subs: list[_Sub] = []  # sampled-id substitutions of the last output, in order
         self._out: tuple[list, list, list] = ([], [], [])  # output ids/mask/roles up to the last one
+        self._span_list: list[MessageSpan] = []  # spans of the last output, in region order
+        self._span_at: list[int] = [0]  # number of spans from regions[:i]
+        self._span_dirty = 0  # regions[:i] unchanged since the last output for i <= this
         self.window_renders = 0
         """Renders whose text came from a suffix window (`template_check.window_delta`)."""
         self.full_renders = 0
@@ -285,6 +289,7 @@ class IncrementalRenderer:
             mode = "structural"
         if mode != self._mode:
             self._regions, self._prefix_max, self._mode, self._unresolved = [], [], mode, []
+            self._span_dirty = 0
         # Keep the regions of the leading messages that lie wholly in unchanged text (prefix max of
         # region ends is monotonic, so bisect finds where they stop).
         regions, pmax = self._regions, self._prefix_max
@@ -298,6 +303,7 @@ class IncrementalRenderer:
             while pos and regions[pos - 1].index >= keep:
                 pos -= 1
         del regions[pos:], pmax[pos:]
+        self._span_dirty = min(self._span_dirty, pos)
         del unresolved[bisect.bisect_left(unresolved, keep) :]
         cursor = max((r.end for r in regions[-3:] if not (r.index == 0 and r.role == "system")), default=0)
         relabel_from = min(stable, cursor)
@@ -307,6 +313,7 @@ class IncrementalRenderer:
         except _Fallback:
             self._mode = "turns"
             del regions[:], pmax[:], unresolved[:]
+            self._span_dirty = 0
             new, relabel_from = [], 0
             self._locate_from(text, 0, 0, "turns", new)
         top = pmax[-1] if pmax else 0
@@ -389,6 +396,7 @@ class IncrementalRenderer:
         self._roles.extend(["scaffold"] * (n - t0))
         self._mask.extend([0] * (n - t0))
         first = bisect.bisect_right(self._prefix_max, from_char)
+        self._span_dirty = min(self._span_dirty, first)
         todo = self._regions[first:] + ([self._final] if self._final is not None else [])
         for r in self._regions[:first]:
             if r.tokens is None:  # pragma: no cover - every kept region was labelled before
@@ -416,9 +424,9 @@ class IncrementalRenderer:
         chat, core = self._chat, self._core
         if self._local and core is not None:
             try:
-                if self._head is None:
-                    self._head = self._render_text(chat[:1], False)
-                got = window_delta(self._render_text, chat, core[0], core[1], agp, self._head)
+                if self._head is None and len(chat) >= self._reach:
+                    self._head = self._render_text(chat[: self._reach], False)
+                got = window_delta(self._render_text, chat, core[0], core[1], agp, self._head, self._reach)
             except TemplateError:
                 got = None  # the full render below decides (and raises if the template rejects it)
             if got is not None:
@@ -452,6 +460,7 @@ class IncrementalRenderer:
         self._hash_cp = (0, hashlib.sha256(b"ctxkit-context-v1"))
         self._core = None
         self._subs, self._out = [], ([], [], [])
+        self._span_list, self._span_at, self._span_dirty = [], [0], 0
 
     def _output(self, changed: int) -> RenderedContext:
         """Assemble the context; `changed` is the first rendered token that may differ from last time.
@@ -471,6 +480,7 @@ class IncrementalRenderer:
             k += 1
         del subs[k:]
         cut, shift = (subs[-1].z, subs[-1].shift) if subs else (0, 0)
+        reused_to = cut
         o_ids, o_mask, o_roles = self._out
         del o_ids[cut + shift :], o_mask[cut + shift :], o_roles[cut + shift :]
         for r in produced[k:]:
@@ -524,34 +534,43 @@ class IncrementalRenderer:
             for sub in subs[k:]:
                 if sub.a < changed < sub.z:
                     out_changed = min(out_changed, sub.start)
-        spans: list[MessageSpan] = []
-        seen: set[int] = set()
-        for r in self._regions:
-            if r.kind == "header" or r.index in seen:
-                continue
-            seen.add(r.index)
-            if r.index in span_pos:
-                start, end = span_pos[r.index]
-                spans.append(MessageSpan(r.index, r.role, start, end))
-                continue
-            a, z = r.tokens
-            d = 0
-            if sub_ends:
-                k = bisect.bisect_right(sub_ends, a)
-                d = sub_shift[k - 1] if k else 0
-            if r.span is None or r.span.start != a + d:
-                r.span = MessageSpan(r.index, self._chat[r.index]["role"], a + d, z + d)
-            spans.append(r.span)
-        if len(seen) < len(self._chat):
-            spans += [MessageSpan(i, m["role"], 0, 0) for i, m in enumerate(self._chat) if i not in seen]
-            spans.sort(key=lambda sp: sp.index)
+        # Spans: those of leading regions unchanged since the last output (same token range, same
+        # substitutions before them) are kept; the rest are recomputed.
+        regions = self._regions
+        spans, at = self._span_list, self._span_at
+        p = min(self._span_dirty, len(regions), len(at) - 1)
+        if self._any_sampled:
+            starts = self._starts
+            p = min(p, bisect.bisect_right(self._prefix_max, starts[reused_to]) if reused_to < len(starts) else p)
+        del spans[at[p] :], at[p + 1 :]
+        for r in regions[p:]:
+            if r.kind != "header":
+                if r.index in span_pos:
+                    start, end = span_pos[r.index]
+                    spans.append(MessageSpan(r.index, r.role, start, end))
+                else:
+                    a, z = r.tokens
+                    d = 0
+                    if sub_ends:
+                        k = bisect.bisect_right(sub_ends, a)
+                        d = sub_shift[k - 1] if k else 0
+                    if r.span is None or r.span.start != a + d:
+                        r.span = MessageSpan(r.index, self._chat[r.index]["role"], a + d, z + d)
+                    spans.append(r.span)
+            at.append(len(spans))
+        self._span_dirty = len(regions)
+        out_spans: list[MessageSpan] | tuple[MessageSpan, ...] = tuple(spans)
+        if len(spans) < len(self._chat):
+            seen = {sp.index for sp in spans}
+            out_spans = sorted(spans + [MessageSpan(i, m["role"], 0, 0) for i, m in enumerate(self._chat) if i not in seen],
+                               key=lambda sp: sp.index)
         if self._n_assistant and not any(loss_mask):
             raise RenderError("loss mask is all zero although the conversation has assistant turns")
         return RenderedContext(
             token_ids=token_ids,
             loss_mask=loss_mask,
             roles=token_roles,
-            spans=tuple(spans),
+            spans=tuple(out_spans),
             drifts=tuple(drifts),
             template_id=self.template.id,
             tokenizer_id=self.tokenizer.id,

@@ -274,6 +274,8 @@ class Locality:
     """Appending messages may be rendered from a suffix window (see `window_delta`)."""
     reason: str
     """Empty when local; otherwise what ruled it out (a syntax-tree use or a failed probe)."""
+    reach: int = 1
+    """Farthest neighbour a message's rendering looks at (`messages[loop.index0 - 2]` reaches 2)."""
 
 
 def scan_locality(source: str) -> str | None:
@@ -283,6 +285,11 @@ def scan_locality(source: str) -> str | None:
     inside it; `loop.index0 == 0` / `loop.index == 1`; `loop.first/last/previtem/nextitem`; `messages`
     as a truth value. Anything else that sees the list (`messages|length`, `messages[-1]`, slices,
     reversed loops, `loop.length`, `loop.revindex`, namespace accumulators) is reported."""
+    return _scan(source)[0]
+
+
+def _scan(source: str) -> tuple[str | None, int]:
+    """`(scan_locality(source), reach)`: reach is the farthest neighbour offset used (at least 1)."""
     import jinja2
     from jinja2 import nodes
 
@@ -291,9 +298,10 @@ def scan_locality(source: str) -> str | None:
     try:
         tree = _environment().parse(source)
     except jinja2.exceptions.TemplateSyntaxError as exc:
-        return f"syntax error: {exc.message}"
+        return f"syntax error: {exc.message}", 1
     problems: list[str] = []
     loops = [0]
+    reach = [1]
 
     def is_messages(n) -> bool:
         return isinstance(n, nodes.Name) and n.name == "messages"
@@ -329,6 +337,10 @@ def scan_locality(source: str) -> str | None:
                 return
             if (in_loop and isinstance(arg, (nodes.Add, nodes.Sub)) and loop_attr(arg.left, ("index0", "index"))
                     and const_int(arg.right)):
+                offset = arg.right.value * (1 if isinstance(arg, nodes.Add) else -1)
+                if arg.left.attr == "index":  # messages[loop.index + k] is messages[loop.index0 + k + 1]
+                    offset += 1
+                reach[0] = max(reach[0], abs(offset))
                 return
             problems.append(f"line {n.lineno}: messages[...] other than messages[0] or a neighbour")
             return
@@ -365,27 +377,29 @@ def scan_locality(source: str) -> str | None:
     visit(tree, False)
     if loops[0] != 1:
         problems.append(f"{loops[0]} loops over messages (expected exactly one)")
-    return "; ".join(problems) if problems else None
+    return ("; ".join(problems) if problems else None), reach[0]
 
 
 def window_delta(render, chat: list[dict], m: int, core: str, agp: bool, head: str | None = None,
-                 back: int = 2, max_back: int = 64) -> tuple[str, str] | None:
+                 reach: int = 1, max_back: int = 64) -> tuple[str, str] | None:
     """`(render(chat, False), render(chat, agp))` from `core = render(chat[:m], False)` and renders of a
     suffix window only, or None where the window cannot be used or fails its check.
 
-    `render(messages, agp) -> str` renders a list; `head` is `render(chat[:1], False)` if known. The
-    window starts `back` messages before `m` (further back over a run of tool results, at most
-    `max_back`); its render, past the first message, must equal the tail of `core`, and the window with
-    the new messages must extend it. Only for templates `template_locality` finds local."""
+    `render(messages, agp) -> str` renders a list; `head` is `render(chat[:reach], False)` if known
+    (the first `reach` messages lead every window: a lookup `messages[loop.index0 - k]` from one of
+    them wraps to the end of the list, which the window shares with the whole). The window proper
+    starts `reach + 1` messages before `m` (further back over a run of tool results, at most
+    `max_back`), so every neighbour the new messages look at, and every old message that looks at a
+    new one, is inside it; its render, past the first message, must equal the tail of `core`, and the
+    window with the new messages must extend it. Only for templates `template_locality` finds local."""
     n = len(chat)
-    if m < 2 or n < m:
-        return None
-    j = max(1, m - back)
-    while j > 1 and chat[j].get("role") == "tool" and m - j < max_back:
+    lead = max(1, reach)  # messages kept at the front: their backward lookups wrap to the list's end
+    j = m - max(2, reach + 1)
+    while j > lead and chat[j].get("role") == "tool" and m - j < max_back:
         j -= 1
-    if j <= 1:
+    if j <= lead or n < m:
         return None  # the window would be the whole conversation
-    first = chat[:1]
+    first = chat[:lead]
     if head is None:
         head = render(first, False)
     old = render(first + chat[j:m], False)
@@ -466,15 +480,16 @@ def template_locality(tok, tpl: ChatTemplate) -> Locality:
     hit = _LOCALITY.get(key)
     if hit is not None:
         return hit
-    reason = scan_locality(tpl.source) or _probe_locality(tpl)
-    result = Locality(local=not reason, reason=reason or "")
+    reason, reach = _scan(tpl.source)
+    reason = reason or _probe_locality(tpl, reach)
+    result = Locality(local=not reason, reason=reason or "", reach=reach)
     if len(_LOCALITY) >= _LOCALITY_MAX:
         _LOCALITY.pop(next(iter(_LOCALITY)))
     _LOCALITY[key] = result
     return result
 
 
-def _probe_locality(tpl: ChatTemplate) -> str | None:
+def _probe_locality(tpl: ChatTemplate, reach: int) -> str | None:
     from ctxkit.templates import _plain, normalize_messages
 
     import random
@@ -501,7 +516,7 @@ def _probe_locality(tpl: ChatTemplate) -> str | None:
             if core is not None:
                 for agp in (False, True):
                     try:
-                        got = window_delta(render, chat[:n], m, core, agp)
+                        got = window_delta(render, chat[:n], m, core, agp, reach=reach)
                     except TemplateError:
                         got = None
                     if got is None:

@@ -105,14 +105,16 @@ def test_scan_locality(source, bad):
         assert got is not None and bad in got
 
 
-def test_lookup_past_the_window_start_stays_exact(tmp_path):
-    """A neighbour lookup two messages back reaches past the window's first message: the window's
-    render of that message differs from the known text, the check catches it, and every render still
-    equals a full render (window or fallback)."""
+def test_lookup_two_back_widens_the_window(tmp_path):
+    """A neighbour lookup two messages back: the scan measures its reach and the window starts far
+    enough back that new messages see their real neighbours; the window's own first messages (whose
+    lookups fall outside it) are checked against the known text; the first two messages, whose lookups
+    wrap to the end of the list, lead every window (here their rendering follows the last message, so
+    the windows fail their check and the full render is used). Every render equals a full render."""
     path = tmp_path / "two_back.jinja"
     path.write_text(
         "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
-        "{% if loop.index0 > 1 and messages[loop.index0 - 2].role == 'user' %}*{% endif %}<|im_end|>\n{% endfor %}"
+        "{% if messages[loop.index0 - 2].role == 'user' %}*{% endif %}<|im_end|>\n{% endfor %}"
         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
     )
     tok = _tok("qwen2.5-instruct")
@@ -121,10 +123,13 @@ def test_lookup_past_the_window_start_stays_exact(tmp_path):
     inc.extend(msgs)
     rng = random.Random(2)
     for k in range(20):
-        m = {"role": rng.choice(["user", "assistant"]), "content": f"m{k}"}
+        m = {"role": rng.choice(["user", "system"]), "content": f"m{k}"}
         msgs.append(m)
         inc.append(m)
         assert inc.render(add_generation_prompt=k % 2 == 0) == render(msgs, tok, str(path), add_generation_prompt=k % 2 == 0)
+    loc = template_locality(tok, load_template(str(path), tok))
+    assert loc.local and loc.reach == 2  # the window starts 3 messages back
+    assert inc.window_renders + inc.full_renders == 20
 
 
 _TEXT = st.one_of(st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=12),
