@@ -17,6 +17,11 @@ How assistant turns are located in the rendered text (never from `{% generation 
   the render with it), cut after `E`, and found in the full render in order. If it cannot be found
   (the template rewrites the turn), that is a `RenderError`, never an all-zero mask.
 
+Text: for a template `template_locality` finds local (Qwen2.5, SmolLM2, chatml-tools-v1; not Qwen3,
+which rewrites earlier turns, nor Mistral), `IncrementalRenderer` renders only a short suffix window
+of the conversation after its first render (`template_locality.window_delta`), checked against the
+text already known; otherwise, and whenever that check fails, it renders the whole conversation.
+
 Token-in-token-out: an assistant dict may carry `"token_ids"` (the sampled ids). They replace the
 rendered ids of that turn's produced region verbatim; where they differ, a `Drift` is recorded. If
 the sampled ids lack the end-of-turn token (finish by length), the template's end-of-turn token stays
@@ -35,7 +40,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from ctxkit.chat_messages import message_text, validate_message
 from ctxkit.errors import MessageFormatError, RenderError, TemplateError
-from ctxkit.template_check import strings_in, template_locality, template_markers, window_delta
+from ctxkit.template_check import strings_in, template_markers
+from ctxkit.template_locality import template_locality, window_delta
 from ctxkit.templates import ChatTemplate, _plain, load_template, normalize_messages
 from ctxkit.tokenizers import Tokenizer, load_tokenizer
 
@@ -436,7 +442,10 @@ class IncrementalRenderer:
         text = self._render_text(chat, agp)
         self.full_renders += 1
         if self._local:
-            self._core = (len(chat), self._render_text(chat, False) if agp else text)
+            try:
+                self._core = (len(chat), self._render_text(chat, False) if agp else text)
+            except TemplateError:  # the template wants the prompt here: no window base this time
+                self._core = None
         return text
 
     def render(self, add_generation_prompt: bool = False) -> RenderedContext:
@@ -525,9 +534,9 @@ class IncrementalRenderer:
             token_ids, loss_mask, token_roles = tuple(ids), tuple(mask), tuple(roles)
             out_changed = changed
         else:
-            token_ids = tuple(o_ids + ids[cut:])
-            loss_mask = tuple(o_mask + mask[cut:])
-            token_roles = tuple(o_roles + roles[cut:])
+            token_ids = (*o_ids, *ids[cut:])  # one copy each (a list concatenation would make two)
+            loss_mask = (*o_mask, *mask[cut:])
+            token_roles = (*o_roles, *roles[cut:])
             k = bisect.bisect_right(sub_ends, changed)
             out_changed = changed + (sub_shift[k - 1] if k else 0)
             # a substitution straddling `changed` may have moved: hash from its start

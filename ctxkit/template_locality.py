@@ -1,0 +1,282 @@
+"""Windowed (suffix) rendering of a growing conversation, for templates where it is exact (L1).
+
+For a "local" template the text that appending messages adds to a render can be computed from a short
+suffix window of the conversation: render(lead + chat[j:m]) and render(lead + chat[j:n]) differ by
+exactly what render(chat[:m]) and render(chat[:n]) differ by, where `lead` is the first message(s). A
+template is local when the rendering of a message depends only on itself, its neighbours
+(`messages[loop.index0 +- k]`, `loop.first/last`, `loop.previtem/nextitem`), the first message and
+global values (tools, the generation prompt flag, special tokens), all identical in the window.
+`template_locality` decides it per template from the template's syntax tree plus a probe;
+`window_delta` computes one delta and checks it against the full text already known.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ctxkit.errors import TemplateError
+from ctxkit.template_check import probe_conversation
+from ctxkit.templates import ChatTemplate
+
+_LOOP_OK = frozenset({"first", "last", "previtem", "nextitem"})
+
+
+@dataclass(frozen=True)
+class Locality:
+    """Whether windowed (suffix) rendering is exact for a template, and why not if not."""
+
+    local: bool
+    """Appending messages may be rendered from a suffix window (see `window_delta`)."""
+    reason: str
+    """Empty when local; otherwise what ruled it out (a syntax-tree use or a failed probe)."""
+    reach: int = 1
+    """Farthest neighbour a message's rendering looks at (`messages[loop.index0 - 2]` reaches 2)."""
+
+
+def scan_locality(source: str) -> str | None:
+    """Uses of the whole message list in a template's syntax tree that break locality, or None.
+
+    Allowed: one `for` over `messages`; `messages[0]`; `messages[loop.index0 +- k]` (and `loop.index`)
+    inside it; `loop.index0 == 0` / `loop.index == 1`; `loop.first/last/previtem/nextitem`; `messages`
+    as a truth value. Anything else that sees the list (`messages|length`, `messages[-1]`, slices,
+    reversed loops, `loop.length`, `loop.revindex`, namespace accumulators) is reported."""
+    return _scan(source)[0]
+
+
+def _scan(source: str) -> tuple[str | None, int]:
+    """`(scan_locality(source), reach)`: reach is the farthest neighbour offset used (at least 1)."""
+    import jinja2
+    from jinja2 import nodes
+
+    from ctxkit.templates import _environment
+
+    try:
+        tree = _environment().parse(source)
+    except jinja2.exceptions.TemplateSyntaxError as exc:
+        return f"syntax error: {exc.message}", 1
+    problems: list[str] = []
+    loops = [0]
+    reach = [1]
+
+    def is_messages(n) -> bool:
+        return isinstance(n, nodes.Name) and n.name == "messages"
+
+    def loop_attr(n, names) -> bool:
+        return (isinstance(n, nodes.Getattr) and isinstance(n.node, nodes.Name) and n.node.name == "loop"
+                and n.attr in names)
+
+    def const_int(n) -> bool:
+        return isinstance(n, nodes.Const) and type(n.value) is int
+
+    def visit(n, in_loop: bool) -> None:
+        if isinstance(n, nodes.For):
+            if is_messages(n.iter):
+                loops[0] += 1
+                if n.recursive or n.test is not None or in_loop:
+                    problems.append(f"line {n.lineno}: filtered, recursive or nested loop over messages")
+                for child in n.body:
+                    visit(child, True)
+                for child in n.else_:
+                    visit(child, False)
+                return
+            visit(n.iter, in_loop)
+            for child in list(n.body) + list(n.else_) + ([n.test] if n.test is not None else []):
+                visit(child, False)  # `loop` in here is the inner loop's: local to the message
+            return
+        if isinstance(n, nodes.NSRef):
+            problems.append(f"line {n.lineno}: namespace attribute assigned ({n.name}.{n.attr})")
+            return
+        if isinstance(n, nodes.Getitem) and is_messages(n.node):
+            arg = n.arg
+            if isinstance(arg, nodes.Const) and arg.value == 0:
+                return
+            if (in_loop and isinstance(arg, (nodes.Add, nodes.Sub)) and loop_attr(arg.left, ("index0", "index"))
+                    and const_int(arg.right)):
+                offset = arg.right.value * (1 if isinstance(arg, nodes.Add) else -1)
+                if arg.left.attr == "index":  # messages[loop.index + k] is messages[loop.index0 + k + 1]
+                    offset += 1
+                reach[0] = max(reach[0], abs(offset))
+                return
+            problems.append(f"line {n.lineno}: messages[...] other than messages[0] or a neighbour")
+            return
+        if is_messages(n):
+            problems.append(f"line {n.lineno}: the message list used as a whole")
+            return
+        if isinstance(n, (nodes.And, nodes.Or)):
+            for child in (n.left, n.right):
+                if not is_messages(child):
+                    visit(child, in_loop)
+            return
+        if isinstance(n, nodes.Not) and is_messages(n.node):
+            return
+        if isinstance(n, (nodes.If, nodes.CondExpr)) and is_messages(n.test):
+            for child in n.iter_child_nodes():
+                if child is not n.test:
+                    visit(child, in_loop)
+            return
+        if isinstance(n, nodes.Compare) and loop_attr(n.expr, ("index0", "index")) and len(n.ops) == 1:
+            op = n.ops[0]
+            first = 0 if n.expr.attr == "index0" else 1
+            if op.op in ("eq", "ne") and isinstance(op.expr, nodes.Const) and op.expr.value == first:
+                return
+        if isinstance(n, nodes.Getattr) and isinstance(n.node, nodes.Name) and n.node.name == "loop":
+            if in_loop and n.attr not in _LOOP_OK:
+                problems.append(f"line {n.lineno}: loop.{n.attr} in the loop over messages")
+            return
+        if in_loop and isinstance(n, nodes.Name) and n.name == "loop" and n.ctx == "load":
+            problems.append(f"line {n.lineno}: the loop object used as a whole")
+            return
+        for child in n.iter_child_nodes():
+            visit(child, in_loop)
+
+    visit(tree, False)
+    if loops[0] != 1:
+        problems.append(f"{loops[0]} loops over messages (expected exactly one)")
+    return ("; ".join(problems) if problems else None), reach[0]
+
+
+def window_delta(render, chat: list[dict], m: int, core: str, agp: bool, head: str | None = None,
+                 reach: int = 1, max_back: int = 64) -> tuple[str, str] | None:
+    """`(render(chat, False), render(chat, agp))` from `core = render(chat[:m], False)` and renders of a
+    suffix window only, or None where the window cannot be used or fails its check.
+
+    `render(messages, agp) -> str` renders a list; `head` is `render(chat[:reach], False)` if known
+    (the first `reach` messages lead every window: a lookup `messages[loop.index0 - k]` from one of
+    them wraps to the end of the list, which the window shares with the whole). The window proper
+    starts `reach + 1` messages before `m` (further back over a run of tool results, at most
+    `max_back`), so every neighbour the new messages look at, and every old message that looks at a
+    new one, is inside it; its render, past the first message, must equal the tail of `core`, and the
+    window with the new messages must extend it. Only for templates `template_locality` finds local."""
+    n = len(chat)
+    lead = max(1, reach)  # messages kept at the front: their backward lookups wrap to the list's end
+    j = m - max(2, reach + 1)
+    while j > lead and chat[j].get("role") == "tool" and m - j < max_back:
+        j -= 1
+    if j <= lead or n < m:
+        return None  # the window would be the whole conversation
+    first = chat[:lead]
+    if head is None:
+        head = render(first, False)
+    old = render(first + chat[j:m], False)
+    body = old[len(head):]
+    if not body or not old.startswith(head) or not core.endswith(body):
+        return None
+    if n == m:
+        new_core = core
+    else:
+        new = render(first + chat[j:], False)
+        if not new.startswith(old):
+            return None
+        new_core = core + new[len(old):]
+    if not agp:
+        return new_core, new_core
+    with_prompt = render(first + chat[j:], True)
+    if not with_prompt.startswith(old):
+        return None
+    return new_core, core + with_prompt[len(old):]
+
+
+def _probe_conversations(seed: int = 7) -> list[tuple[list[dict], list[dict] | None]]:
+    """Conversations of several shapes for the locality probe: system present/absent, tools or not,
+    plain and tool-calling assistant turns (one to three calls), runs of tool results, reasoning."""
+    import random
+
+    rng = random.Random(seed)
+    words = "alpha beta gamma delta file test run — naïve 你好 🎉 {\"k\": 1}".split(" ")
+    _, schemas = probe_conversation(tools=True)
+
+    def text() -> str:
+        return "" if rng.random() < 0.1 else " ".join(rng.choice(words) for _ in range(rng.randint(1, 8)))
+
+    out = []
+    for c in range(24):
+        tools = schemas if c % 2 else None
+        msgs: list[dict] = []
+        if c % 4 < 2:
+            msgs.append({"role": "system", "content": text() or "Be brief."})
+        msgs.append({"role": "user", "content": text() or "Go."})
+        ncall = 0
+        while len(msgs) < 10 + c % 5:
+            r = rng.random()
+            if msgs[-1]["role"] in ("user", "tool") and r < 0.5 and tools is not None:
+                calls = []
+                for _ in range(rng.choice([1, 1, 2, 3])):
+                    ncall += 1
+                    calls.append({"id": f"call{ncall:05d}", "type": "function",
+                                  "function": {"name": "read_file", "arguments": {"path": f"f{ncall}.txt"}}})
+                turn = {"role": "assistant", "content": rng.choice(["", text()]), "tool_calls": calls}
+                if rng.random() < 0.3:
+                    turn["reasoning_content"] = text() or "hmm"
+                msgs.append(turn)
+                msgs += [{"role": "tool", "tool_call_id": call["id"], "content": text()} for call in calls]
+            elif msgs[-1]["role"] in ("user", "tool"):
+                turn = {"role": "assistant", "content": text() or "Done."}
+                if rng.random() < 0.3:
+                    turn["reasoning_content"] = text() or "ok"
+                msgs.append(turn)
+            else:
+                msgs.append({"role": "user", "content": text() or "More."})
+        out.append((msgs, tools))
+    return out
+
+
+_LOCALITY: dict[tuple[str, str], Locality] = {}
+_LOCALITY_MAX = 64
+
+
+def template_locality(tok, tpl: ChatTemplate) -> Locality:
+    """Whether `window_delta` is exact for `tpl` through `tok` (cached per template and tokenizer).
+
+    Local when the syntax tree shows no use of the whole message list (`scan_locality`) and, on probe
+    conversations of several shapes grown one to three messages at a time, every windowed render (with
+    and without the generation prompt) equals the full render, and the full render raises wherever the
+    windowed one would have given text."""
+    key = (tpl.sha256, getattr(tok, "id", ""))
+    hit = _LOCALITY.get(key)
+    if hit is not None:
+        return hit
+    reason, reach = _scan(tpl.source)
+    reason = reason or _probe_locality(tpl, reach)
+    result = Locality(local=not reason, reason=reason or "", reach=reach)
+    if len(_LOCALITY) >= _LOCALITY_MAX:
+        _LOCALITY.pop(next(iter(_LOCALITY)))
+    _LOCALITY[key] = result
+    return result
+
+
+def _probe_locality(tpl: ChatTemplate, reach: int) -> str | None:
+    from ctxkit.templates import _plain, normalize_messages
+
+    import random
+
+    rng = random.Random(11)
+    for msgs, tools in _probe_conversations():
+        chat = normalize_messages(msgs)
+        tools_plain = None if tools is None else _plain(list(tools), "tools")
+        render = lambda c, agp, _t=tools_plain: tpl.render_chat(c, tools=_t, add_generation_prompt=agp)  # noqa: E731
+        full: dict[tuple[int, bool], str | None] = {}
+
+        def whole(n: int, agp: bool) -> str | None:
+            if (n, agp) not in full:
+                try:
+                    full[(n, agp)] = render(chat[:n], agp)
+                except TemplateError:
+                    full[(n, agp)] = None
+            return full[(n, agp)]
+
+        m = 3
+        while m < len(chat):
+            n = min(len(chat), m + rng.choice([1, 1, 2, 3]))
+            core = whole(m, False)
+            if core is not None:
+                for agp in (False, True):
+                    try:
+                        got = window_delta(render, chat[:n], m, core, agp, reach=reach)
+                    except TemplateError:
+                        got = None
+                    if got is None:
+                        continue
+                    if got != (whole(n, False), whole(n, agp)):
+                        return f"probe: a windowed render of {n} messages differs from the full render"
+            m = n
+    return None
