@@ -164,7 +164,7 @@ class IncrementalRenderer:
         self._mode = ""
         # windowed text rendering (templates found local by `template_locality`)
         locality = template_locality(self.tokenizer, self.template)
-        self._local, self._reach = locality.local, locality.reach
+        self._local, self._reach, self._prompt = locality.local, locality.reach, locality.prompt
         self._core: tuple[int, str] | None = None  # (m, render of the first m messages without prompt)
         self._head: str | None = None  # render of the first `reach` messages (see window_delta)
         self._subs: list[_Sub] = []  # sampled-id substitutions of the last output, in order
@@ -432,7 +432,8 @@ class IncrementalRenderer:
             try:
                 if self._head is None and len(chat) >= self._reach:
                     self._head = self._render_text(chat[: self._reach], False)
-                got = window_delta(self._render_text, chat, core[0], core[1], agp, self._head, self._reach)
+                got = window_delta(self._render_text, chat, core[0], core[1], agp, self._head, self._reach,
+                                   self._prompt)
             except TemplateError:
                 got = None  # the full render below decides (and raises if the template rejects it)
             if got is not None:

@@ -31,6 +31,10 @@ class Locality:
     """Empty when local; otherwise what ruled it out (a syntax-tree use or a failed probe)."""
     reach: int = 1
     """Farthest neighbour a message's rendering looks at (`messages[loop.index0 - 2]` reaches 2)."""
+    prompt: str | None = None
+    """The constant text `add_generation_prompt` appends at the very end, when that is all it does (the
+    template's last node is `{% if add_generation_prompt %}<constant>{% endif %}` and nothing else reads
+    the flag; confirmed on the probe); None otherwise."""
 
 
 def scan_locality(source: str) -> str | None:
@@ -41,6 +45,40 @@ def scan_locality(source: str) -> str | None:
     as a truth value. Anything else that sees the list (`messages|length`, `messages[-1]`, slices,
     reversed loops, `loop.length`, `loop.revindex`, namespace accumulators) is reported."""
     return _scan(source)[0]
+
+
+def trailing_prompt(source: str) -> str | None:
+    """The constant a template's final `{% if add_generation_prompt %}...{% endif %}` outputs, if that
+    block is the template's last node, holds only constant output, and is the flag's only use; else None."""
+    import jinja2
+    from jinja2 import nodes
+
+    from ctxkit.templates import _environment
+
+    try:
+        tree = _environment().parse(source)
+    except jinja2.exceptions.TemplateSyntaxError:
+        return None
+    uses = [n for n in tree.find_all(nodes.Name) if n.name == "add_generation_prompt"]
+    body = [n for n in tree.body if not (isinstance(n, nodes.Output) and all(
+        isinstance(c, nodes.TemplateData) and c.data == "" for c in n.nodes))]
+    if len(uses) != 1 or not body:
+        return None
+    last = body[-1]
+    if not (isinstance(last, nodes.If) and last.test is uses[0] and not last.elif_ and not last.else_):
+        return None
+    text = []
+    for out in last.body:
+        if not isinstance(out, nodes.Output):
+            return None
+        for c in out.nodes:
+            if isinstance(c, nodes.TemplateData):
+                text.append(c.data)
+            elif isinstance(c, nodes.Const) and isinstance(c.value, str):
+                text.append(c.value)
+            else:
+                return None
+    return "".join(text)
 
 
 def _scan(source: str) -> tuple[str | None, int]:
@@ -136,7 +174,7 @@ def _scan(source: str) -> tuple[str | None, int]:
 
 
 def window_delta(render, chat: list[dict], m: int, core: str, agp: bool, head: str | None = None,
-                 reach: int = 1, max_back: int = 64) -> tuple[str, str] | None:
+                 reach: int = 1, prompt: str | None = None, max_back: int = 64) -> tuple[str, str] | None:
     """`(render(chat, False), render(chat, agp))` from `core = render(chat[:m], False)` and renders of a
     suffix window only, or None where the window cannot be used or fails its check.
 
@@ -146,7 +184,8 @@ def window_delta(render, chat: list[dict], m: int, core: str, agp: bool, head: s
     starts `reach + 1` messages before `m` (further back over a run of tool results, at most
     `max_back`), so every neighbour the new messages look at, and every old message that looks at a
     new one, is inside it; its render, past the first message, must equal the tail of `core`, and the
-    window with the new messages must extend it. Only for templates `template_locality` finds local."""
+    window with the new messages must extend it. `prompt` (`Locality.prompt`) saves the render with the
+    generation prompt. Only for templates `template_locality` finds local."""
     n = len(chat)
     lead = max(1, reach)  # messages kept at the front: their backward lookups wrap to the list's end
     j = m - max(2, reach + 1)
@@ -170,6 +209,8 @@ def window_delta(render, chat: list[dict], m: int, core: str, agp: bool, head: s
         new_core = core + new[len(old):]
     if not agp:
         return new_core, new_core
+    if prompt is not None:
+        return new_core, new_core + prompt
     with_prompt = render(first + chat[j:], True)
     if not with_prompt.startswith(old):
         return None
@@ -236,15 +277,19 @@ def template_locality(tok, tpl: ChatTemplate) -> Locality:
     if hit is not None:
         return hit
     reason, reach = _scan(tpl.source)
-    reason = reason or _probe_locality(tpl, reach)
-    result = Locality(local=not reason, reason=reason or "", reach=reach)
+    prompt = trailing_prompt(tpl.source)
+    if not reason:
+        reason, prompt = _probe_locality(tpl, reach, prompt)
+    result = Locality(local=not reason, reason=reason or "", reach=reach, prompt=prompt if not reason else None)
     if len(_LOCALITY) >= _LOCALITY_MAX:
         _LOCALITY.pop(next(iter(_LOCALITY)))
     _LOCALITY[key] = result
     return result
 
 
-def _probe_locality(tpl: ChatTemplate, reach: int) -> str | None:
+def _probe_locality(tpl: ChatTemplate, reach: int, prompt: str | None) -> tuple[str | None, str | None]:
+    """`(reason, prompt)`: why windows are not exact on the probe (None if they are), and `prompt`
+    unless some probe render with the generation prompt is not the one without it plus `prompt`."""
     from ctxkit.templates import _plain, normalize_messages
 
     import random
@@ -277,6 +322,9 @@ def _probe_locality(tpl: ChatTemplate, reach: int) -> str | None:
                     if got is None:
                         continue
                     if got != (whole(n, False), whole(n, agp)):
-                        return f"probe: a windowed render of {n} messages differs from the full render"
+                        return f"probe: a windowed render of {n} messages differs from the full render", None
+            plain, with_prompt = whole(n, False), whole(n, True)
+            if prompt is not None and (plain is None or with_prompt != plain + prompt):
+                prompt = None
             m = n
-    return None
+    return None, prompt

@@ -173,3 +173,25 @@ def test_window_exact_on_generated_conversations(system, with_tools, steps):
                     inc.render(add_generation_prompt=agp)
                 return
             assert inc.render(add_generation_prompt=agp) == full
+
+
+@pytest.mark.parametrize("source,expected", [
+    ("{% for m in messages %}{{ m.content }}{% endfor %}{% if add_generation_prompt %}<a>\n{% endif %}", "<a>\n"),
+    ("{% for m in messages %}{{ m.content }}{% endfor %}{%- if add_generation_prompt %}{{- '<b>' + '' }}{% endif %}", None),
+    ("{% for m in messages %}{{ m.content }}{% endfor %}{% if add_generation_prompt %}{{ bos_token }}{% endif %}", None),
+    ("{% for m in messages %}{{ m.content }}{% endfor %}{% if add_generation_prompt %}<a>{% endif %}tail", None),
+    ("{% for m in messages %}{% if add_generation_prompt %}x{% endif %}{% endfor %}{% if add_generation_prompt %}<a>{% endif %}",
+     None),
+    ("{% for m in messages %}{{ m.content }}{% endfor %}{% if add_generation_prompt %}<a>{% else %}<b>{% endif %}", None),
+])
+def test_trailing_prompt(source, expected):
+    """The generation prompt is appended as a constant only for a final, constant, sole use of the flag."""
+    from ctxkit.template_locality import trailing_prompt
+
+    assert trailing_prompt(source) == expected
+
+
+def test_locality_records_the_prompt_suffix():
+    tok = _tok("qwen2.5-instruct")
+    assert template_locality(tok, load_template(None, tok)).prompt == "<|im_start|>assistant\n"
+    assert template_locality(tok, load_template("chatml-tools-v1", tok)).prompt == "<|im_start|>assistant\n"
