@@ -251,13 +251,11 @@ class IncrementalRenderer:
         new_ids, new_starts = self.tokenizer.encode_with_offsets(text[b:], at_start=(b == 0))
         del self._ids[k:], self._starts[k:], self._sp_ends[j:], self._sp_tok[j:]
         special_len = self._special_len
-        for n, (tid, s) in enumerate(zip(new_ids, new_starts)):
-            length = special_len.get(tid)
-            if length is not None:
-                self._sp_ends.append(b + s + length)
-                self._sp_tok.append(k + n + 1)
+        for n in [n for n, tid in enumerate(new_ids) if tid in special_len]:  # specials are few
+            self._sp_ends.append(b + new_starts[n] + special_len[new_ids[n]])
+            self._sp_tok.append(k + n + 1)
         self._ids.extend(new_ids)
-        self._starts.extend(b + s for s in new_starts) if b else self._starts.extend(new_starts)
+        self._starts.extend(map(b.__add__, new_starts)) if b else self._starts.extend(new_starts)
         self._text = text
         return b
 
