@@ -33,7 +33,6 @@ from __future__ import annotations
 import array
 import bisect
 import hashlib
-import itertools
 import sys
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence

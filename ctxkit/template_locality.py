@@ -290,9 +290,9 @@ def template_locality(tok, tpl: ChatTemplate) -> Locality:
 def _probe_locality(tpl: ChatTemplate, reach: int, prompt: str | None) -> tuple[str | None, str | None]:
     """`(reason, prompt)`: why windows are not exact on the probe (None if they are), and `prompt`
     unless some probe render with the generation prompt is not the one without it plus `prompt`."""
-    from ctxkit.templates import _plain, normalize_messages
-
     import random
+
+    from ctxkit.templates import _plain, normalize_messages
 
     rng = random.Random(11)
     for msgs, tools in _probe_conversations():
