@@ -94,9 +94,13 @@ class EventLog:
     @classmethod
     def create(cls, path, *, episode_id: str | None = None, durability: str = "batch",
                metadata: Mapping[str, Any] | None = None) -> "EventLog":
-        """Create a new, empty log (the header only). Refuses to overwrite an existing file."""
+        """Create a new, empty log (the header only), and its folder if needed. Refuses to overwrite a file."""
         cls._check_durability(durability)
         path = Path(path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise ConfigError(f"{path}: {path.parent} exists and is not a folder") from None
         header = {
             HEADER_KEY: SCHEMA_VERSION,
             "episode_id": episode_id if episode_id is not None else f"ep-{uuid.uuid4().hex[:12]}",

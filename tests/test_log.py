@@ -144,8 +144,10 @@ def test_create_and_open_errors(tmp_path):
     EventLog.create(path).close()
     with pytest.raises(ConfigError, match="already exists"):
         EventLog.create(path)
-    with pytest.raises(ConfigError, match="does not exist"):
-        EventLog.create(tmp_path / "missing" / "l.jsonl")
+    EventLog.create(tmp_path / "new" / "folder" / "l.jsonl").close()  # folders are created
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(ConfigError, match="is not a folder"):
+        EventLog.create(tmp_path / "afile" / "l.jsonl")
     with pytest.raises(ConfigError, match=r"durability='sometimes'; expected one of \['always', 'batch', 'none'\]"):
         EventLog.create(tmp_path / "m.jsonl", durability="sometimes")
     with pytest.raises(LogFormatError, match="no such log file"):
