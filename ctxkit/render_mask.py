@@ -1,0 +1,199 @@
+"""Locating assistant turns in the rendered text and labelling each token's role and loss mask (L3).
+
+Part of `ctxkit.render` (see its module docstring for how turns are located): `_TurnLabeller` holds the
+`IncrementalRenderer` methods that find each message's region in the rendered text (structurally or
+per turn) and derive per-token roles, the loss mask and region token ranges from those regions.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from typing import Any
+
+from ctxkit.chat_messages import message_text
+from ctxkit.errors import RenderError, TemplateError
+
+
+@dataclass
+class _Region:
+    start: int
+    end: int
+    role: str
+    index: int  # message index, -1 for the final generation prompt
+    kind: str  # "content" | "produced" | "header"
+    tokens: tuple[int, int] | None = None  # token range in the rendered (pre-substitution) ids
+    span: Any = None  # cached MessageSpan
+
+
+class _Fallback(Exception):
+    """Structural location failed for this render; use per-turn location."""
+
+
+class _TurnLabeller:
+    """Mixin of `IncrementalRenderer`: locates message regions in the rendered text and labels tokens.
+
+    Uses the renderer's state (`_chat`, `_info`, `_ids`, `_starts`, `_regions`, ...) and `_render_text`."""
+
+    # -- locating -----------------------------------------------------------------------------
+
+    def _turn(self, i: int) -> str:
+        """Assistant turn i's produced text, from prefix renders (cached)."""
+        text = self._turn_text.get(i)
+        if text is not None:
+            return text
+        eot = self._info.end_of_turn
+        contexts = [self._chat[:i]]
+        if i > 1 and self._chat[0].get("role") == "system":
+            contexts.append(self._chat[1:i])
+        for ctx in contexts:
+            try:
+                before = self._render_text(ctx, True)
+                after = self._render_text(ctx + [self._chat[i]], False)
+            except TemplateError:
+                continue
+            if after.startswith(before):
+                turn = after[len(before) :]
+                if eot and eot in turn:
+                    turn = turn[: turn.index(eot) + len(eot)]
+                if turn:
+                    self._turn_text[i] = turn
+                    return turn
+        raise RenderError(f"message {i}: cannot derive the assistant turn's text from prefix renders of template {self.template.id}")
+
+    def _locate(self, text: str, agp: bool, stable: int) -> int:
+        """Update the regions for `text`; return the char offset from which labels must be redone."""
+        gp = self._info.generation_prompt
+        mode = "turns"
+        if self._structural_ok and text.count(gp) == self._n_assistant + (1 if agp and text.endswith(gp) else 0):
+            mode = "structural"
+        if mode != self._mode:
+            self._regions, self._prefix_max, self._mode, self._unresolved = [], [], mode, []
+            self._span_dirty = 0
+        # Keep the regions of the leading messages that lie wholly in unchanged text (prefix max of
+        # region ends is monotonic, so bisect finds where they stop).
+        regions, pmax = self._regions, self._prefix_max
+        pos = bisect.bisect_right(pmax, stable)
+        while 0 < pos < len(regions) and regions[pos - 1].index == regions[pos].index:
+            pos -= 1
+        keep = regions[pos - 1].index + 1 if pos else 0
+        unresolved = self._unresolved
+        if unresolved and unresolved[0] < keep:  # a message not found so far: search again from it
+            keep = unresolved[0]
+            while pos and regions[pos - 1].index >= keep:
+                pos -= 1
+        del regions[pos:], pmax[pos:]
+        self._span_dirty = min(self._span_dirty, pos)
+        del unresolved[bisect.bisect_left(unresolved, keep) :]
+        cursor = max((r.end for r in regions[-3:] if not (r.index == 0 and r.role == "system")), default=0)
+        relabel_from = min(stable, cursor)
+        new: list[_Region] = []
+        try:
+            self._locate_from(text, keep, cursor, mode, new)
+        except _Fallback:
+            self._mode = "turns"
+            del regions[:], pmax[:], unresolved[:]
+            self._span_dirty = 0
+            new, relabel_from = [], 0
+            self._locate_from(text, 0, 0, "turns", new)
+        top = pmax[-1] if pmax else 0
+        for r in new:
+            top = max(top, r.end)
+            regions.append(r)
+            pmax.append(top)
+        self._final = None
+        if agp and gp and text.endswith(gp):
+            self._final = _Region(len(text) - len(gp), len(text), "generation_prompt", -1, "header")
+        self._located = len(self._chat)
+        return relabel_from
+
+    def _locate_from(self, text: str, first: int, cursor: int, mode: str, out: list[_Region]) -> int:
+        gp, eot = self._info.generation_prompt, self._info.end_of_turn
+        for i in range(first, len(self._chat)):
+            msg = self._chat[i]
+            role = msg.get("role")
+            if role == "assistant":
+                if mode == "structural":
+                    pos = text.find(gp, cursor)
+                    if pos < 0:
+                        raise _Fallback
+                    s = pos + len(gp)
+                    e = text.find(eot, s)
+                    if e < 0 or (self._opener and text.find(self._opener, s, e) >= 0):
+                        raise _Fallback  # no end-of-turn before the next turn opens
+                    e += len(eot)
+                    out.append(_Region(pos, s, "generation_prompt", i, "header"))
+                else:
+                    turn = self._turn(i)
+                    # Prefer the turn behind its generation prompt: the bare turn text (e.g. just the
+                    # end-of-turn token of an empty reply) may also close the previous message.
+                    s = text.find(gp + turn, cursor) + len(gp) if gp else -1
+                    if s < len(gp) or not gp:
+                        s = text.find(turn, cursor)
+                    if s >= 0:
+                        e = s + len(turn)
+                    elif gp and eot and text.find(gp, cursor) >= 0:
+                        # The template re-renders this turn (e.g. drops its reasoning): take what it
+                        # renders between the next generation prompt and end-of-turn token.
+                        s = text.find(gp, cursor) + len(gp)
+                        e = text.find(eot, s)
+                        if e < 0 or (self._opener and text.find(self._opener, s, e) >= 0):
+                            raise RenderError(
+                                f"message {i}: no end-of-turn {eot!r} closes the assistant turn rendered by "
+                                f"template {self.template.id}; cannot locate it for the loss mask"
+                            )
+                        e += len(eot)
+                    else:
+                        raise RenderError(
+                            f"message {i}: the assistant turn is not rendered as sampled by template "
+                            f"{self.template.id} (it rewrites history); cannot locate it for the loss mask"
+                        )
+                    if gp and text[max(0, s - len(gp)) : s] == gp:
+                        out.append(_Region(s - len(gp), s, "generation_prompt", i, "header"))
+                out.append(_Region(s, e, "assistant", i, "produced"))
+                cursor = e
+            else:
+                body = message_text(msg.get("content"))
+                if not body:
+                    continue
+                pos = text.find(body) if i == 0 and role == "system" else text.find(body, cursor)
+                if pos < 0:
+                    self._unresolved.append(i)
+                    continue
+                out.append(_Region(pos, pos + len(body), role, i, "content"))
+                if not (i == 0 and role == "system"):  # a system prompt may be moved (Mistral): no cursor
+                    cursor = pos + len(body)
+        return cursor
+
+    # -- labelling ---------------------------------------------------------------------------
+
+    def _relabel(self, from_char: int) -> int:
+        """Recompute roles/mask (and region token ranges) from `from_char` on; return the first token changed."""
+        starts = self._starts
+        t0 = bisect.bisect_left(starts, from_char)
+        n = len(self._ids)
+        del self._roles[t0:], self._mask[t0:]
+        self._roles.extend(["scaffold"] * (n - t0))
+        self._mask.extend([0] * (n - t0))
+        first = bisect.bisect_right(self._prefix_max, from_char)
+        self._span_dirty = min(self._span_dirty, first)
+        todo = self._regions[first:] + ([self._final] if self._final is not None else [])
+        for r in self._regions[:first]:
+            if r.tokens is None:  # pragma: no cover - every kept region was labelled before
+                todo.insert(0, r)
+        for r in todo:
+            if r.kind == "produced":  # the mask covers tokens that start inside the produced text
+                a = bisect.bisect_left(starts, r.start)
+            else:  # a role label also covers a token that starts just before the text (e.g. "▁word")
+                a = max(0, bisect.bisect_right(starts, r.start) - 1)
+            z = bisect.bisect_left(starts, r.end, a)
+            if r.kind == "produced" and z <= a:
+                raise RenderError(f"message {r.index}: assistant turn covers no token; cannot derive its loss mask")
+            r.tokens = (a, z)
+            r.span = None
+            a = max(a, t0)
+            if z > a:
+                self._roles[a:z] = [r.role] * (z - a)
+                if r.kind == "produced":
+                    self._mask[a:z] = [1] * (z - a)
+        return t0
