@@ -144,7 +144,7 @@ def find_logs(paths: Iterable[Any]) -> tuple[list[Path], list[Path]]:
         elif p.exists():
             logs.append(p)
         else:
-            raise ConfigError(f"audit: {p} does not exist")
+            raise ConfigError(f"{p} does not exist (expected an episode log or a run folder)")
     return logs, skipped
 
 

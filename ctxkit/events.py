@@ -53,8 +53,17 @@ class ToolCall:
     """Call id; a tool message answers it with the same `tool_call_id`."""
     name: str
     """Tool (function) name."""
-    arguments: str
-    """Arguments as the JSON text the model produced (kept verbatim, never re-serialized)."""
+    arguments: str | Mapping[str, Any]
+    """Arguments exactly as given: the JSON text the model produced (kept verbatim, never re-serialized),
+    or an object when the conversation gave one (HF style), so templates render it as the source did."""
+
+    def arguments_text(self) -> str:
+        """The arguments as JSON text: verbatim when given as text, else the object serialized."""
+        if isinstance(self.arguments, str):
+            return self.arguments
+        import json
+
+        return json.dumps(self.arguments, ensure_ascii=False)
 
     def to_openai(self) -> dict[str, Any]:
         """The OpenAI wire shape `{"id", "type": "function", "function": {"name", "arguments"}}`."""
@@ -283,10 +292,10 @@ def _tool_call_from(obj: Any, where: str) -> ToolCall:
     if not isinstance(name, str) or not name:
         raise MessageFormatError(f"{where}: tool call has no function name")
     args = fn.get("arguments", "{}")
-    if not isinstance(args, str):
-        import json
-
-        args = json.dumps(args, ensure_ascii=False)
+    if not isinstance(args, (str, Mapping)):
+        raise MessageFormatError(f"{where}: tool call {name!r} arguments are {type(args).__name__}; expected JSON text or an object")
+    if isinstance(args, Mapping):
+        args = dict(args)
     call_id = obj.get("id")
     if not isinstance(call_id, str) or not call_id:
         raise MessageFormatError(f"{where}: tool call {name!r} has no id")

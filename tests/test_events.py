@@ -103,10 +103,13 @@ def test_message_from_openai_full_shape_and_back():
     assert message_to_openai(event) == msg
 
 
-def test_tool_call_arguments_object_becomes_json_text():
+def test_tool_call_arguments_object_is_kept_as_given():
+    # Templates render an object with tojson and text verbatim: re-serializing would change the ids.
     event = message_from_openai({"role": "assistant", "content": None,
-                                 "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": {"x": "é"}}}]})
-    assert event.tool_calls[0].arguments == '{"x": "é"}'
+                                 "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": {"x": "é", "a": 1}}}]})
+    assert event.tool_calls[0].arguments == {"x": "é", "a": 1}
+    assert list(event.tool_calls[0].arguments) == ["x", "a"]
+    assert event.tool_calls[0].arguments_text() == '{"x": "é", "a": 1}'
 
 
 def test_step_and_tool_result_export_shapes():

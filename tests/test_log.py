@@ -309,3 +309,23 @@ def test_import_export_keeps_key_order_of_tool_schemas(tmp_path):
     back = export_conversation(EventLog.open(path).events())
     assert json.dumps(back["tools"]) == json.dumps(conv["tools"])
     assert list(back["tools"][0]["function"]["parameters"]["properties"]) == ["b", "a"]
+
+
+def test_bundled_example_round_trips_exactly(tmp_path):
+    # Its tool-call arguments are objects (HF style); they come back as objects, not re-serialized text.
+    from importlib.resources import files
+
+    conv = json.loads(files("ctxkit_examples").joinpath("agent_episode.json").read_text())
+    path = tmp_path / "example.jsonl"
+    log = EventLog.create(path)
+    log.extend(import_conversation(conv))
+    log.close()
+    back = export_conversation(EventLog.open(path).events())
+    assert back["messages"] == conv["messages"]
+    assert back["tools"] == conv["tools"]
+
+
+def test_tool_call_arguments_of_another_type_are_typed_errors():
+    with pytest.raises(MessageFormatError, match="arguments are list"):
+        import_conversation([{"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": [1, 2]}}]}])

@@ -158,7 +158,7 @@ def _lc_messages(head, per_turn):
         lc_head.append(cls(content=content_text(e.content)))
     lc_turns = []
     for step, result in per_turn:
-        calls = [{"name": c.name, "args": json.loads(c.arguments), "id": c.id, "type": "tool_call"} for c in step.tool_calls]
+        calls = [{"name": c.name, "args": json.loads(c.arguments_text()), "id": c.id, "type": "tool_call"} for c in step.tool_calls]
         lc_turns.append([AIMessage(content=content_text(step.content), tool_calls=calls),
                          ToolMessage(content=content_text(result.content), tool_call_id=result.tool_call_id)])
     return lc_head, lc_turns

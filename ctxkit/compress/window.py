@@ -83,7 +83,7 @@ def message_cost(tokenizer: Any, m: ViewMessage) -> int:
     """Token count of a message's texts (content, call names and arguments, reasoning), without scaffold."""
     n = tokenizer.count(m.content) if m.content else 0
     for tc in m.tool_calls:
-        n += tokenizer.count(tc.name) + tokenizer.count(tc.arguments)
+        n += tokenizer.count(tc.name) + tokenizer.count(tc.arguments_text())
     if m.reasoning_content:
         n += tokenizer.count(m.reasoning_content)
     return n

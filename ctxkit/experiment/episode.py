@@ -238,7 +238,7 @@ def _act_on(log, episode: TaskEpisode, turn) -> tuple[EpisodeEnd | None, float]:
             continue
         invalid = None
         try:
-            out = episode.call_tool(tc.name, tc.arguments)
+            out = episode.call_tool(tc.name, tc.arguments_text())
         except InvalidToolCall as exc:
             invalid = str(exc)
             out = ToolOutput(f"invalid tool call: {exc}", "error", 0.0)

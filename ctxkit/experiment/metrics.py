@@ -80,7 +80,7 @@ def episode_metrics(events: Sequence[Event], steps: Sequence[StepRecord], *, wal
     for s in step_events:
         for tc in s.tool_calls:
             n_calls += 1
-            key = _call_key(tc.name, tc.arguments)
+            key = _call_key(tc.name, tc.arguments_text())
             repeated += key in seen
             seen.add(key)
     prompt = [r.prompt_tokens for r in steps]
