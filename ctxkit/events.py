@@ -395,7 +395,8 @@ def _thaw(content: Content) -> Any:
 
 
 def event_id(event: Event, seq: int) -> str:
-    """The id a log gives `event` at position `seq`: `e<seq>-<8 hex>` of its content, timestamp excluded.
+    """The id a log gives `event` at position `seq`: `e<seq>-<8 hex>` of its content, measured times
+    (`ts`, a step's `timings`, a tool result's `duration_s`) excluded.
 
     Deterministic, so re-running an episode (or resuming it) yields the same ids, and placeholders
     that name an event id render to the same tokens.
@@ -404,5 +405,10 @@ def event_id(event: Event, seq: int) -> str:
 
     import orjson
 
-    body = orjson.dumps(event_to_dict(dataclasses.replace(event, seq=None, id=None, ts=None)), option=orjson.OPT_SORT_KEYS)
+    timeless = dataclasses.replace(event, seq=None, id=None, ts=None)
+    if isinstance(timeless, Step):
+        timeless = dataclasses.replace(timeless, timings={})
+    elif isinstance(timeless, ToolResult):
+        timeless = dataclasses.replace(timeless, duration_s=None)
+    body = orjson.dumps(event_to_dict(timeless), option=orjson.OPT_SORT_KEYS)
     return f"e{seq}-{hashlib.sha256(body).hexdigest()[:8]}"

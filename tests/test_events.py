@@ -144,3 +144,16 @@ def test_content_text():
     assert content_text(None) == ""
     assert content_text("x") == "x"
     assert content_text(({"type": "text", "text": "a"}, {"type": "text", "text": "é"})) == "aé"
+
+
+def test_event_ids_ignore_measured_times():
+    # Re-running an episode must give the same ids (placeholders name them), whatever the clock said.
+    from ctxkit.events import event_id
+
+    a = ToolResult(tool_call_id="c1", content="out", duration_s=0.013)
+    b = ToolResult(tool_call_id="c1", content="out", duration_s=0.250)
+    assert event_id(a, 4) == event_id(b, 4)
+    assert event_id(a, 4) != event_id(ToolResult(tool_call_id="c1", content="other", duration_s=0.013), 4)
+    s1 = Step(token_ids=(1, 2), timings={"decode": 0.1})
+    s2 = Step(token_ids=(1, 2), timings={"decode": 0.9})
+    assert event_id(s1, 7) == event_id(s2, 7) != event_id(s1, 8)
