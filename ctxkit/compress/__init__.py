@@ -8,7 +8,6 @@ with keyword parameters; `make_compressor` validates them.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any, Mapping
 
 from ctxkit.compress.base import (
@@ -18,6 +17,7 @@ from ctxkit.compress.base import (
     split_versioned,
 )
 from ctxkit.errors import ConfigError
+from ctxkit.registry import load_registered
 
 COMPRESSORS: dict[str, str] = {
     "keep-all": "ctxkit.compress.keep_all:KeepAll",
@@ -46,14 +46,9 @@ def compressor_class(name: str) -> type:
     base, version = split_versioned(name)
     if name in COMPRESSORS:
         base, version = name, None
-    target = COMPRESSORS.get(base)
-    if target is None:
+    if base not in COMPRESSORS:
         raise ConfigError(f"unknown compressor {name!r}; registered compressors: {sorted(COMPRESSORS)}")
-    module_name, _, attr = target.partition(":")
-    try:
-        cls = getattr(importlib.import_module(module_name), attr)
-    except ImportError as exc:  # the module or one of its optional dependencies is not installed
-        raise ConfigError(f"compressor {base!r} is registered as {target} but cannot be imported: {exc}") from exc
+    cls = load_registered(COMPRESSORS, base, "compressor")
     if version is not None and version != cls.VERSION:
         raise ConfigError(f"compressor {name!r}: this ctxkit has {base}-v{cls.VERSION}, not version {version}")
     return cls

@@ -50,7 +50,7 @@ def _first_file(root: Path) -> str:
 
 
 def test_make_task_errors_name_the_problem():
-    with pytest.raises(ConfigError, match=r"config: unknown task .nope..*known tasks"):
+    with pytest.raises(ConfigError, match=r"config: unknown task .nope..*registered tasks"):
         make_task("nope")
     with pytest.raises(ConfigError, match=r"cfg.toml: task 'needle-recall' has no parameter\(s\) \['n_file'\]"):
         make_task("needle-recall", {"n_file": 3}, where="cfg.toml")

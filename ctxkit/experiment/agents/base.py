@@ -22,11 +22,11 @@ wall time of `act` and records it as `generate_s` when the agent does not).
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence, runtime_checkable
 
 from ctxkit.errors import ConfigError
+from ctxkit.registry import load_registered
 from ctxkit.events import Step, ToolCall
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -92,19 +92,8 @@ AGENTS: dict[str, str] = {
 
 
 def agent_class(name: str) -> type:
-    """The class registered under `name`; `ConfigError` naming the known agents when unknown."""
-    target = AGENTS.get(name)
-    if target is None:
-        raise ConfigError(f"unknown agent {name!r}; known agents: {sorted(AGENTS)}")
-    module_name, _, class_name = target.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        raise ConfigError(f"agent {name!r}: its module {module_name} cannot be imported ({exc})") from exc
-    try:
-        return getattr(module, class_name)
-    except AttributeError as exc:
-        raise ConfigError(f"agent {name!r}: {module_name} has no class {class_name}") from exc
+    """The class registered under `name`; `ConfigError` naming the registered agents when unknown."""
+    return load_registered(AGENTS, name, "agent")
 
 
 def make_agent(name: str, **params: Any) -> Agent:

@@ -15,12 +15,12 @@ How an episode ends (the runner applies these; `EpisodeEnd` keeps them distingui
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Mapping, Protocol
 
 from ctxkit.errors import ConfigError
+from ctxkit.registry import load_registered
 from ctxkit.experiment.tasks.tools import ToolBox, ToolOutput
 
 __all__ = ["Score", "TaskEpisode", "Task", "TASKS", "task_class", "make_task", "FAULTS"]
@@ -101,12 +101,8 @@ TASKS: dict[str, str] = {
 
 
 def task_class(name: str) -> type:
-    """The class registered under `name`; `ConfigError` listing the known tasks when unknown."""
-    target = TASKS.get(name)
-    if target is None:
-        raise ConfigError(f"unknown task {name!r}; known tasks: {sorted(TASKS)}")
-    module_name, _, class_name = target.partition(":")
-    return getattr(importlib.import_module(module_name), class_name)
+    """The class registered under `name`; `ConfigError` listing the registered tasks when unknown."""
+    return load_registered(TASKS, name, "task")
 
 
 def make_task(name: str, params: Mapping[str, Any] | None = None, *, where: str = "config") -> Task:
