@@ -37,14 +37,14 @@ _PUBLIC: dict[str, str] = {
     "check_compressor": "ctxkit.compress.check",
     "make_compressor": "ctxkit.compress",
     # L3
-    "render": "ctxkit.render",
-    "IncrementalRenderer": "ctxkit.render",
-    "RenderedContext": "ctxkit.render",
-    "context_hash": "ctxkit.render",
-    "encode_assistant_turn": "ctxkit.render",
-    "samples": "ctxkit.samples",
-    "replay": "ctxkit.replay",
-    "resume": "ctxkit.replay",
+    "render": "ctxkit.rendering",
+    "IncrementalRenderer": "ctxkit.rendering",
+    "RenderedContext": "ctxkit.rendering",
+    "context_hash": "ctxkit.rendering",
+    "encode_assistant_turn": "ctxkit.rendering",
+    "samples": "ctxkit.training_samples",
+    "replay": "ctxkit.log_replay",
+    "resume": "ctxkit.log_replay",
 }
 
 __all__ = sorted(_PUBLIC) + ["__version__"]
@@ -54,10 +54,9 @@ def __getattr__(name: str) -> Any:
     module = _PUBLIC.get(name)
     if module is None:
         raise AttributeError(f"module 'ctxkit' has no attribute {name!r}")
-    loaded = importlib.import_module(module)
-    # `samples` and `replay` name both a module and its main function: the module is callable and
-    # forwards to the function, so `import ctxkit.replay as m` and `ctxkit.replay(log, step=k)` both work.
-    value = loaded if module == f"ctxkit.{name}" else getattr(loaded, name)
+    # No public name is also a submodule's name (the modules are `rendering`, `training_samples`,
+    # `log_replay`), so importing any submodule never rebinds a public function to a module.
+    value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
 

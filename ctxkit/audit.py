@@ -212,7 +212,7 @@ def _raw_end_lines(path: Path) -> list[tuple[int, dict[str, Any]]]:
 
 
 def _audit_log(path: Path, acc: _Acc, *, trained_at: int | None, rebuild: bool) -> None:
-    from ctxkit.replay import load_events
+    from ctxkit.log_replay import load_events
 
     p = str(path)
     acc.n["logs"] += 1
@@ -265,8 +265,8 @@ def _check_record(p: str, events: Sequence[Event], steps: Sequence[Step], acc: _
             ok = False
     if not rebuild or not ok:
         return ok
-    from ctxkit.replay import replay_steps
-    from ctxkit.samples import assemble_samples, episode_meta
+    from ctxkit.log_replay import replay_steps
+    from ctxkit.training_samples import assemble_samples, episode_meta
 
     try:
         results = list(replay_steps(events))

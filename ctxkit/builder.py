@@ -41,7 +41,7 @@ class BuiltContext:
     view: View
     """The view that was rendered."""
     rendered: Any
-    """The `ctxkit.render.RenderedContext`."""
+    """The `ctxkit.rendering.RenderedContext`."""
     hash: str
     """`rendered.hash`: what a `Step.context_hash` records."""
     n_tokens: int
@@ -353,7 +353,7 @@ class _RenderCache:
         if hit is not None:
             self._cache.move_to_end(view.hash)
             return hit
-        from ctxkit.render import IncrementalRenderer
+        from ctxkit.rendering import IncrementalRenderer
 
         msgs = view.messages
         n = len(self._base_msgs)

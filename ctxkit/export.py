@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from ctxkit.errors import ConfigError, LogFormatError
-from ctxkit.samples import TrainingSample
+from ctxkit.training_samples import TrainingSample
 
 __all__ = ["PARQUET_SCHEMA", "parquet_schema", "read_samples", "sample_to_record", "write_jsonl", "write_parquet", "write_samples"]
 

@@ -83,7 +83,7 @@ class Driver:
         return {"role": "assistant", "content": f"Done: {t} findings recorded in notes.txt."}
 
     def take_step(self, log, builder, t: int) -> str:
-        from ctxkit.render import encode_assistant_turn
+        from ctxkit.rendering import encode_assistant_turn
 
         ctx = builder.build(log)
         msg = self.message(t)

@@ -9,7 +9,7 @@ from ctxkit.builder import BuiltContext, ContextBuilder, MemoryLog, rebuild
 from ctxkit.errors import BudgetError, ConfigError, InvariantError, MessageFormatError, PinViolationError, ReplayError
 from ctxkit.events import Compaction, EpisodeStart, Message, Pin, Step, ToolCall, ToolResult, Unpin
 from ctxkit.log import EventLog
-from ctxkit.render import encode_assistant_turn, render
+from ctxkit.rendering import encode_assistant_turn, render
 
 TOOLS = ({"type": "function", "function": {"name": "read", "description": "Read a file.",
                                            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}},)

@@ -87,7 +87,7 @@ def test_samples_command(log_path, tmp_path, capsys, suffix):
     assert main(["samples", str(log_path), str(log_path), "-o", str(out)]) == 0
     assert "samples from 2 log(s)" in capsys.readouterr().out
     rows = read_samples(out)
-    from ctxkit.samples import samples
+    from ctxkit.training_samples import samples
 
     once = samples(log_path)
     assert rows == once + once

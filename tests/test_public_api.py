@@ -16,7 +16,7 @@ def test_every_public_name_resolves():
 def test_samples_and_replay_stay_callable_after_submodule_import():
     # Importing the submodules binds the package attributes to the modules; they must still call through.
     import ctxkit.replay as replay_module
-    from ctxkit.samples import TrainingSample  # noqa: F401
+    from ctxkit.training_samples import TrainingSample  # noqa: F401
 
     assert callable(ctxkit.samples) and callable(ctxkit.replay)
     assert replay_module.verify_log is not None

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import shared_path, tokenizer_dir
 from ctxkit.errors import MessageFormatError, RenderError, TemplateError
-from ctxkit.render import Drift, MessageSpan, context_hash, encode_assistant_turn, render
+from ctxkit.rendering import Drift, MessageSpan, context_hash, encode_assistant_turn, render
 from ctxkit.tokenizers import load_tokenizer
 
 PLAIN = [

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from conftest import tokenizer_dir
-from ctxkit.render import render
+from ctxkit.rendering import render
 from ctxkit.tokenizers import load_tokenizer
 from render_cases import conversation
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from conftest import tokenizer_dir
 from ctxkit.errors import RenderError
-from ctxkit.render import IncrementalRenderer, context_hash, encode_assistant_turn, render
+from ctxkit.rendering import IncrementalRenderer, context_hash, encode_assistant_turn, render
 from ctxkit.tokenizers import load_tokenizer
 from render_cases import conversation
 

@@ -17,7 +17,7 @@ from ctxkit.compress import COMPRESSORS, compressor_class
 from ctxkit.errors import ConfigError, LogFormatError, ReplayError
 from ctxkit.events import Compaction, Step, ToolResult
 from ctxkit.log import EventLog, read_events
-from ctxkit.replay import replay, verify_log
+from ctxkit.log_replay import replay, verify_log
 
 HEAVY = {"summarize", "retrieve"}
 

@@ -18,7 +18,7 @@ from ctxkit.builder import ContextBuilder
 from ctxkit.errors import ConfigError
 from ctxkit.events import EpisodeEnd, StateSnapshot, Step, ToolResult, event_to_dict
 from ctxkit.log import EventLog, read_events
-from ctxkit.replay import resume
+from ctxkit.log_replay import resume
 
 SETUPS = {
     "keep-all": ({}, 4096),

@@ -71,7 +71,7 @@ def episode_events(turns: int, tok, tpl, seed: int = 0):
     """The render benchmark's episode as events (tool-call arguments as JSON text, steps with token ids)."""
     from ctxkit.benchmarks.render_bench import build_episode
     from ctxkit.events import EpisodeStart, Message, Step, ToolCall, ToolResult
-    from ctxkit.render import encode_assistant_turn
+    from ctxkit.rendering import encode_assistant_turn
 
     head, steps, tools = build_episode(turns, seed)
     events: list = [EpisodeStart(episode_id="bench-build", tools=tuple(tools))]
@@ -168,7 +168,7 @@ def run(tokenizer_spec: str, *, turns: int = 200, budget: int = 16_000, compress
         repeats: int = 3, progress=None) -> BuildBenchResult:
     """Run the benchmark (see the module docstring)."""
     from ctxkit.errors import ConfigError
-    from ctxkit.render import render
+    from ctxkit.rendering import render
     from ctxkit.templates import load_template
     from ctxkit.tokenizers import load_tokenizer
 

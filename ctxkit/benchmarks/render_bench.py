@@ -103,7 +103,7 @@ class RenderBenchResult:
 def run(tokenizer_spec: str, turns: int = 200, repeats: int = 3, template: str | None = None, seed: int = 0,
         progress=None) -> RenderBenchResult:
     """Run the benchmark (see module docstring)."""
-    from ctxkit.render import IncrementalRenderer
+    from ctxkit.rendering import IncrementalRenderer
     from ctxkit.templates import load_template
     from ctxkit.tokenizers import load_tokenizer
 

@@ -87,7 +87,7 @@ def _resolve(args: argparse.Namespace):
 
 def _render(args: argparse.Namespace):
     from ctxkit.errors import CtxkitError
-    from ctxkit.render import render
+    from ctxkit.rendering import render
 
     messages, tools = load_messages(args.file)
     tok, tpl = _resolve(args)

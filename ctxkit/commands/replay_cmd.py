@@ -46,7 +46,7 @@ def _result_dict(r: Any) -> dict[str, Any]:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from ctxkit.replay import replay, verify_log
+    from ctxkit.log_replay import replay, verify_log
 
     kw = dict(tokenizer=args.tokenizer, template=args.template, allow_hash_mismatch=args.allow_hash_mismatch)
     if args.verify:
@@ -141,7 +141,7 @@ def register_samples(subparsers: Any) -> None:
 def _samples(args: argparse.Namespace) -> int:
     from ctxkit.audit import find_logs
     from ctxkit.export import write_samples
-    from ctxkit.samples import samples
+    from ctxkit.training_samples import samples
 
     logs, _ = find_logs(args.logs)
     rows = []

@@ -151,7 +151,7 @@ def check_compressor(
 def _run_episode(plan, a, b, tok, tmpl, budget, expect_fit, stats, max_tokens) -> None:
     from ctxkit.builder import MemoryLog, rebuild
     from ctxkit.events import Compaction, EpisodeStart, Message, Step, ToolCall, ToolResult, event_to_dict
-    from ctxkit.render import encode_assistant_turn
+    from ctxkit.rendering import encode_assistant_turn
     from ctxkit.view import find_orphans
 
     system, task, constraint, turns = plan

@@ -82,7 +82,7 @@ class _FullHistory:
     """Token count of the history rendered without any compaction (what keep-all would send)."""
 
     def __init__(self, tokenizer: Any, template: Any, tools: Any):
-        from ctxkit.render import IncrementalRenderer
+        from ctxkit.rendering import IncrementalRenderer
 
         self._renderer = IncrementalRenderer(tokenizer, template, list(tools) or None)
         self._seen = 0

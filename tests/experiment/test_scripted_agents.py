@@ -111,7 +111,7 @@ def _log_with(tmp_path: Path, tokenizer, messages, tools):
 
 def test_scripted_agent_turn_is_token_exact_and_decided_from_the_context(tmp_path, qwen):
     from ctxkit.experiment.tasks.base import make_task
-    from ctxkit.render import encode_assistant_turn
+    from ctxkit.rendering import encode_assistant_turn
 
     work = tmp_path / "w"
     work.mkdir()

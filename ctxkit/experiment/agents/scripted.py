@@ -58,7 +58,7 @@ class ScriptedAgent:
 
     def act(self, context: Any, *, tools: Sequence[Mapping[str, Any]], seed: int) -> AgentTurn:
         """The next assistant turn for `context` (deterministic: `seed` is only recorded)."""
-        from ctxkit.render import encode_assistant_turn
+        from ctxkit.rendering import encode_assistant_turn
 
         start = time.perf_counter()
         decision = self.decide(context)

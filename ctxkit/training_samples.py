@@ -25,8 +25,6 @@ L3: imports L0, `rl_math`, and `replay` (same layer) for the verified contexts.
 from __future__ import annotations
 
 import math
-import sys
-import types
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
@@ -282,7 +280,7 @@ def samples(log_or_events: "EventLog | Sequence[Any] | str", *, tokenizer: Any =
     given, whose ids must match the recorded ones) and checked against the step's `context_hash`; a
     mismatch raises `ReplayError` naming the step. Returns the samples in order (see the module docstring).
     """
-    from ctxkit.replay import load_events, replay_steps
+    from ctxkit.log_replay import load_events, replay_steps
 
     events, header_episode = load_events(log_or_events)
     replayed = replay_steps(events, tokenizer=tokenizer, template=template)
@@ -295,14 +293,3 @@ def samples(log_or_events: "EventLog | Sequence[Any] | str", *, tokenizer: Any =
         tok_id, tpl_id = r.tokenizer_id, r.template_id
     meta = episode_meta(events, episode_id=header_episode, template_id=tpl_id, tokenizer_id=tok_id)
     return assemble_samples(triples, meta)
-
-
-class _CallableModule(types.ModuleType):
-    """`ctxkit.samples` is both this module and the function `samples`: importing the submodule makes
-    the package attribute the module, so the module itself forwards calls to the function."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> list[TrainingSample]:
-        return samples(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

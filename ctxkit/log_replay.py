@@ -25,8 +25,6 @@ L3: imports L0/L1 (`log`, `tokenizers`, `templates`) and `builder`.
 from __future__ import annotations
 
 import os
-import sys
-import types
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
@@ -338,14 +336,3 @@ def resume(log_path: Any, *, targets: Mapping[str, Any] | None = None, tokenizer
         pins=active_pins(events), sampler=sampler, seed=sampler.get("seed"), restored=restored, builder=builder,
         ended=ends[-1] if ends else None,
     )
-
-
-class _CallableModule(types.ModuleType):
-    """`ctxkit.replay` is both this module and the function `replay`: importing the submodule makes
-    the package attribute the module, so the module itself forwards calls to the function."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return replay(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
