@@ -10,6 +10,8 @@ that ask for the same model share one copy. The embedded defaults come from inst
 
 Heavy imports (torch, transformers, sentence_transformers) happen inside functions only. A missing
 optional package raises `MissingExtraError` naming the extra to install.
+
+Layer L1: imports only L0 (`errors`).
 """
 
 from __future__ import annotations

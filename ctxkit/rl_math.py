@@ -10,7 +10,7 @@
   advantage recursion at collection boundaries.
 
 Pure numpy (torch tensors are accepted as inputs and converted); every result is a numpy array or float.
-L0-level: imports nothing from ctxkit but `errors`.
+Layer L3 (training arithmetic): imports nothing from ctxkit but `errors`.
 """
 
 from __future__ import annotations

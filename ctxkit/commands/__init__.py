@@ -1,0 +1,1 @@
+"""One module per `ctxkit` subcommand (L5, thin: parse, call the library, print)."""
