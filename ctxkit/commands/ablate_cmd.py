@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def register_ablate(subparsers) -> None:
@@ -27,7 +28,7 @@ def register_ablate(subparsers) -> None:
 
 def _ablate(args: argparse.Namespace) -> int:
     from ctxkit.experiment.config import load_config
-    from ctxkit.experiment.runner import run_experiment, validate
+    from ctxkit.experiment.runner import RunInterrupted, run_experiment, validate
 
     config = load_config(args.config)
     if args.validate_only:
@@ -35,8 +36,12 @@ def _ablate(args: argparse.Namespace) -> int:
         print(f"{args.config}: ok ({len(config.episodes())} episodes: {len(config.arms)} arms x "
               f"{len(config.tasks)} tasks x {len(config.seeds)} seeds)")
         return 0
-    summary = run_experiment(config, args.out, executor=args.executor, workers=args.workers, address=args.address,
-                             progress=not args.no_progress)
+    try:
+        summary = run_experiment(config, args.out, executor=args.executor, workers=args.workers, address=args.address,
+                                 progress=not args.no_progress)
+    except RunInterrupted as exc:  # Ctrl-C: finished rows are kept, a rerun resumes
+        print(f"ctxkit: {exc}", file=sys.stderr)
+        return 130
     print(f"{summary.total} episodes: {summary.ran} run, {summary.reused} reused"
           + (f", {len(summary.aborted_logs)} partial log(s) set aside" if summary.aborted_logs else ""))
     print(f"results: {summary.out_dir}/results.jsonl")

@@ -227,9 +227,21 @@ def load_config(path: str | os.PathLike) -> ExperimentConfig:
     """Read and check a TOML experiment config (`ConfigError` names the file and the key)."""
     p = Path(path)
     try:
-        raw = tomllib.loads(p.read_text(encoding="utf-8"))
+        data = p.read_bytes()
     except FileNotFoundError:
         raise ConfigError(f"{p}: config file not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{p}: is a folder; expected an experiment config file (.toml)") from None
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read the config: {exc.strerror or exc}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(f"{p}:{line}: not a TOML config: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset "
+                          f"{exc.start}; a binary file?)") from None
+    try:
+        raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{p}: not valid TOML: {exc}") from None
     return parse_config(raw, path=str(p), config_dir=p.resolve().parent)

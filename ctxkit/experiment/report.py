@@ -3,11 +3,16 @@
 `summarize(rows, baseline=...)` computes everything from results rows (pure); `write_report(run_dir)`
 reads `results.jsonl` and `run.json` and writes `report.md`, `quality_vs_tokens.png` and
 `latency_breakdown.png` (matplotlib, Agg backend). `ctxkit report DIR` calls `write_report`.
+
+Every table goes through `markdown_table`, which refuses a row whose cell count differs from the header's
+(GitHub renders no table at all then). Column names carry their unit: `(fraction)` for a share of episodes
+in [0, 1], `(count)` for a number of things, `s` for seconds, `(mean)` for a per-episode mean.
 """
 
 from __future__ import annotations
 
-import json
+import os
+import tempfile
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -15,9 +20,11 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ctxkit.errors import ConfigError
+from ctxkit.experiment.run_folder import read_rows, read_run_info
 from ctxkit.experiment.stats import paired_bootstrap, quantiles, rate, stage_bound
 
-__all__ = ["summarize", "render_markdown", "write_report", "COMPARED", "PLOTS"]
+__all__ = ["summarize", "render_markdown", "markdown_table", "write_report", "plot", "quality_figure", "latency_figure",
+           "stage_seconds", "COMPARED", "PLOTS", "STAGES"]
 
 COMPARED: tuple[tuple[str, str], ...] = (
     ("quality", "quality"),
@@ -28,6 +35,17 @@ COMPARED: tuple[tuple[str, str], ...] = (
     ("timing.wall_s", "wall s"),
 )
 """(row field, label) of the metrics compared against the baseline with paired CIs."""
+
+_HEADINGS = {"quality": "quality (0-1)", "completion": "completion (fraction)", "violations": "violations (count)",
+             "prompt tokens": "prompt tokens (count)", "tool calls": "tool calls (count)", "wall s": "wall s"}
+"""Column headings (with units) of the `COMPARED` labels in the difference table."""
+
+STAGES: tuple[tuple[str, str], ...] = (
+    ("build_s", "build"), ("prefill_s", "prefill"), ("decode_s", "decode"), ("generate_rest_s", "generate (not split)"),
+    ("tool_s", "tool wait"), ("other_s", "other"),
+)
+"""(key, label) of the stages in the latency plot; `generate_rest_s` is generation time an agent did not split
+into prefill and decode."""
 
 PLOTS: tuple[str, ...] = ("quality_vs_tokens.png", "latency_breakdown.png")
 """Plot files written next to `report.md`."""
@@ -169,6 +187,16 @@ def _comp(c: Mapping[str, Any]) -> str:
     return f"`{c['name']}`" + (f" ({params})" if params else "")
 
 
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """Lines of a GitHub markdown table; `ValueError` when a row's cell count differs from the header's."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
+        if len(row) != len(header):
+            raise ValueError(f"markdown table row has {len(row)} cells, the header {len(header)}: {list(row)}")
+        lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
 def render_markdown(summary: Mapping[str, Any], *, title: str, run_dir: str = ".", notes: Sequence[str] = ()) -> str:
     """The report text for a `summarize` result."""
     arms, per, base = summary["arms"], summary["per_arm"], summary["baseline"]
@@ -177,33 +205,36 @@ def render_markdown(summary: Mapping[str, Any], *, title: str, run_dir: str = ".
             "Pairs are the same task and seed under two arms; intervals are paired percentile bootstraps "
             f"({summary.get('n_resamples')} resamples, {int(100 * summary.get('confidence', 0.95))}%).", ""]
     out += list(notes) + ([""] if notes else [])
-    out += ["## Arms", "", "| arm | compressor | pins | budget | n | completion | quality | violations | truncated | "
-            "tool calls | re-queries | prompt tokens p50/p90/p99 | peak context p50/p90/p99 | compression | prefix reuse |",
-            "|" + "---|" * 15]
-    for a in arms:
-        p = per[a]
-        out.append(f"| {a} | {_comp(p['compressor'])} | {'on' if p['pins_detection'] else 'off'} | {p['budget']} | {p['n']} | "
-                   f"{_f(p['completion'])} | {_f(p['quality'])} | {p['violations']} | {_f(p['truncated'])} | "
-                   f"{_f(p['tool_calls'], 2)} | {_f(p['repeated_tool_calls'], 2)} | {_q(p['prompt_tokens_total'], 0)} | "
-                   f"{_q(p['peak_context'], 0)} | {_f(p['compression_ratio'], 2)}x | {_f(p['prefix_reuse'], 2)} |")
-    out += ["", "## Ends", "", "| arm | outcome/cause: count |", "|---|---|"]
-    for a in arms:
-        out.append(f"| {a} | " + ", ".join(f"{k}: {v}" for k, v in per[a]["causes"].items()) + " |")
+    out += ["## Arms", "", "Per episode: tool calls and re-queries are means (count per episode), tokens are "
+            "p50/p90/p99 over episodes; violations is the total count over the arm's episodes.", ""]
+    out += markdown_table(
+        ["arm", "compressor", "pins", "budget (tokens)", "episodes (count)", "completion (fraction)", "quality (0-1)",
+         "violations (count)", "truncated (fraction)", "tool calls (mean)", "re-queries (mean)",
+         "prompt tokens p50/p90/p99", "peak context p50/p90/p99 (tokens)", "compression (ratio)", "prefix reuse (fraction)"],
+        [[a, _comp(per[a]["compressor"]), "on" if per[a]["pins_detection"] else "off", str(per[a]["budget"]), str(per[a]["n"]),
+          _f(per[a]["completion"]), _f(per[a]["quality"]), str(per[a]["violations"]), _f(per[a]["truncated"]),
+          _f(per[a]["tool_calls"], 2), _f(per[a]["repeated_tool_calls"], 2), _q(per[a]["prompt_tokens_total"], 0),
+          _q(per[a]["peak_context"], 0), f"{_f(per[a]['compression_ratio'], 2)}x", _f(per[a]["prefix_reuse"], 2)]
+         for a in arms])
+    out += ["", "## Ends", ""]
+    out += markdown_table(["arm", "outcome/cause: episodes (count)"],
+                          [[a, ", ".join(f"{k}: {v}" for k, v in per[a]["causes"].items())] for a in arms])
     out += ["", f"## Difference against `{base}` (arm minus baseline, mean over pairs, CI)", ""]
     labels = [label for _, label in COMPARED]
-    out += ["| arm | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
+    diff_rows = []
     for a, d in summary["diffs"].items():
-        cells = []
+        cells = [a]
         for label in labels:
             ci = d[label]
             star = " *" if ci.excludes_zero() else ""
             cells.append("–" if ci.mean_diff is None else f"{_f(ci.mean_diff, 3)} [{_f(ci.low, 3)}, {_f(ci.high, 3)}]{star}")
-        out.append(f"| {a} | " + " | ".join(cells) + " |")
+        diff_rows.append(cells)
+    out += markdown_table(["arm"] + [_HEADINGS.get(label, label) for label in labels], diff_rows)
     out += ["", "`*`: the interval excludes zero.", "", "## Quality per task", "",
-            f"Mean quality; below it, the paired difference against `{base}` on that task's seeds, with its CI.", "",
-            "| task | " + " | ".join(arms) + " |", "|---|" + "---|" * len(arms)]
+            f"Mean quality (0-1); below it, the paired difference against `{base}` on that task's seeds, with its CI.", ""]
+    task_rows = []
     for task, qs in summary["per_task"].items():
-        out.append(f"| {task} | " + " | ".join(_f(qs.get(a)) for a in arms) + " |")
+        task_rows.append([task] + [_f(qs.get(a)) for a in arms])
         cis = summary.get("per_task_diffs", {}).get(task, {})
         cells = []
         for a in arms:
@@ -212,21 +243,27 @@ def render_markdown(summary: Mapping[str, Any], *, title: str, run_dir: str = ".
                 cells.append("–" if a != base else "(baseline)")
             else:
                 cells.append(f"{_f(ci.mean_diff)} [{_f(ci.low)}, {_f(ci.high)}]" + (" *" if ci.excludes_zero() else ""))
-        out.append("| vs baseline | " + " | ".join(cells) + " |")
+        task_rows.append(["vs baseline"] + cells)
+    out += markdown_table(["task"] + list(arms), task_rows)
     out += ["", "## Where time goes", "",
             "Seconds summed over each arm's episodes. Stages `build` (context building and compression), `generate` "
             "(the agent: prefill + decode) and `tool` could overlap across batches in a pipelined collector; "
             "`other` (log writes with fsync, state snapshots, scoring, and the harness's own render of the uncompressed "
-            "history for the compression ratio) is counted as not overlappable. Bound = largest stage + other.",
-            "", "| arm | build | generate (prefill / decode) | tool | other | generated tok/s | loss tok/s | "
-            "tool wait p50/p90/p99 | timeout rate | discard rate | serial | bound | speedup | wall p50/p90/p99 |",
-            "|" + "---|" * 15]
+            "history for the compression ratio) is counted as not overlappable. Bound = largest stage + other. "
+            "Columns ending in `s` are seconds; `(fraction)` columns are shares of the arm's episodes.", ""]
+    time_rows = []
     for a in arms:
         t = per[a]["time"]
-        out.append(f"| {a} | {_f(t['build_s'])} | {_f(t['generate_s'])} ({_f(t['prefill_s'])} / {_f(t['decode_s'])}) | "
-                   f"{_f(t['tool_s'])} | {_f(t['other_s'])} | {_f(t['generated_tok_per_s'], 0)} | {_f(t['loss_tok_per_s'], 0)} | "
-                   f"{_q(t['tool_wait'], 5)} | {_f(t['timeout_rate'])} | {_f(t['discard_rate'])} | {_f(t['serial_s'])} | "
-                   f"{_f(t['bound_s'])} ({t['bottleneck']}) | {_f(t['speedup'], 2)}x | {_q(per[a]['wall_s'])} |")
+        time_rows.append([
+            a, _f(t["build_s"]), f"{_f(t['generate_s'])} ({_f(t['prefill_s'])} / {_f(t['decode_s'])})", _f(t["tool_s"]),
+            _f(t["other_s"]), _f(t["generated_tok_per_s"], 0), _f(t["loss_tok_per_s"], 0), _q(t["tool_wait"], 5),
+            _f(t["timeout_rate"]), _f(t["discard_rate"]), _f(t["serial_s"]), f"{_f(t['bound_s'])} ({t['bottleneck']})",
+            f"{_f(t['speedup'], 2)}x", _q(per[a]["wall_s"]),
+        ])
+    out += markdown_table(
+        ["arm", "build s", "generate s (prefill / decode)", "tool s", "other s", "generated tok/s", "loss tok/s",
+         "tool wait s p50/p90/p99", "timed out (fraction)", "discarded (fraction)", "serial s", "bound s (bottleneck)",
+         "speedup (ratio)", "wall s p50/p90/p99"], time_rows)
     out += ["", "Discarded: ends a trainer would drop (over the context budget or window, cut by the generation "
             "limit). Timeouts: wall-time truncations and tool timeouts. Loss tokens/s counts sampled tokens of kept "
             "episodes over wall time.", "",
@@ -240,15 +277,32 @@ def render_markdown(summary: Mapping[str, Any], *, title: str, run_dir: str = ".
     return "\n".join(out)
 
 
-def plot(summary: Mapping[str, Any], out_dir: Path) -> list[Path]:
-    """Write the two PNG plots; returns their paths."""
-    import matplotlib
-
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+    except ImportError:
+        raise ConfigError("the report's plots need matplotlib: pip install 'ctxkit[report]'") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def stage_seconds(summary: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+    """Mean seconds per episode of each `STAGES` key, per arm (`generate_rest_s`: generate minus prefill and decode)."""
+    out: dict[str, dict[str, float]] = {}
+    for a in summary["arms"]:
+        t, n = summary["per_arm"][a]["time"], max(1, summary["per_arm"][a]["n"])
+        rest = max(0.0, t["generate_s"] - t["prefill_s"] - t["decode_s"])
+        values = {**t, "generate_rest_s": rest}
+        out[a] = {key: float(values[key]) / n for key, _ in STAGES}
+    return out
+
+
+def quality_figure(summary: Mapping[str, Any]) -> Any:
+    """Quality against prompt tokens per episode, one point per arm (a matplotlib Figure)."""
+    plt = _pyplot()
     arms, per = summary["arms"], summary["per_arm"]
-    paths = []
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     markers = "osD^vP*Xh<>"
     for i, a in enumerate(arms):
@@ -261,39 +315,58 @@ def plot(summary: Mapping[str, Any], out_dir: Path) -> list[Path]:
     ax.set_title("Quality vs tokens per arm")
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    paths.append(out_dir / PLOTS[0])
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    return fig
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    parts = (("build_s", "build"), ("prefill_s", "prefill"), ("decode_s", "decode"), ("tool_s", "tool"), ("other_s", "other"))
-    bottom = np.zeros(len(arms))
-    for key, label in parts:
-        vals = np.array([per[a]["time"][key] / max(1, per[a]["n"]) for a in arms])
-        ax.bar(arms, vals, bottom=bottom, label=label)
-        bottom += vals
-    ax.set_ylabel("seconds per episode (mean)")
-    ax.set_title("Latency breakdown per arm")
-    ax.legend(fontsize=8)
-    plt.setp(ax.get_xticklabels(), rotation=30, ha="right", fontsize=8)
+
+def latency_figure(summary: Mapping[str, Any]) -> Any:
+    """Seconds per episode of every stage, grouped bars per arm on a log scale, so stages a thousand times
+    smaller than `build` (prefill, decode, tool wait) still show (a matplotlib Figure). A stage at 0 s has no bar."""
+    plt = _pyplot()
+    arms = list(summary["arms"])
+    seconds = stage_seconds(summary)
+    fig, ax = plt.subplots(figsize=(max(7.0, 1.2 * len(arms) + 3), 4.8))
+    width = 0.8 / len(STAGES)
+    positive = [v for a in arms for v in seconds[a].values() if v > 0]
+    for k, (key, label) in enumerate(STAGES):
+        xs = np.arange(len(arms)) + (k - (len(STAGES) - 1) / 2) * width
+        heights = [seconds[a][key] for a in arms]
+        ax.bar(xs, [h if h > 0 else np.nan for h in heights], width=width, label=label)
+    ax.set_yscale("log")
+    if positive:
+        ax.set_ylim(min(positive) / 3, max(positive) * 3)
+    ax.set_xticks(np.arange(len(arms)))
+    ax.set_xticklabels(arms, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("seconds per episode (mean, log scale)")
+    ax.set_title("Where time goes per arm (stages at 0 s have no bar)")
+    ax.grid(axis="y", alpha=0.3, which="both")
+    ax.legend(fontsize=8, ncol=3)
     fig.tight_layout()
-    paths.append(out_dir / PLOTS[1])
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    return fig
+
+
+def plot(summary: Mapping[str, Any], out_dir: Path) -> list[Path]:
+    """Write the two PNG plots (`PLOTS`) into `out_dir`; returns their paths."""
+    paths = [Path(out_dir) / name for name in PLOTS]
+    _save_plots(summary, paths)
     return paths
 
 
 def write_report(run_dir: str | Path) -> Path:
-    """Re-render `report.md` and the plots of a run folder from its `results.jsonl` and `run.json`."""
-    from ctxkit.experiment.runner import RUN_INFO, read_rows
+    """Re-render `report.md` and the plots of a run folder from its `results.jsonl` and `run.json`.
 
+    The rows are read strictly (`run_folder.read_rows`: foreign rows, binary content, a cut line and
+    duplicate episodes are `ConfigError`s naming the file and line). Files are written to temporaries in
+    the folder and moved into place only once all are written, so a failure leaves the old report as it was."""
     run = Path(run_dir)
+    if not run.is_dir():
+        raise ConfigError(f"{run}: {'not a folder' if run.exists() else 'no such folder'}; expected a run folder "
+                          "written by `ctxkit ablate`")
     rows = read_rows(run)
     if not rows:
         raise ConfigError(f"{run}: no results rows (results.jsonl is missing or empty)")
-    info: dict[str, Any] = {}
-    if (run / RUN_INFO).exists():
-        info = json.loads((run / RUN_INFO).read_text()).get("experiment", {})
+    info: dict[str, Any] = (read_run_info(run) or {}).get("experiment", {})
+    if not isinstance(info, dict):
+        raise ConfigError(f"{run / 'run.json'}: 'experiment' is not an object")
     report_cfg = info.get("report", {})
     summary = summarize(
         rows, baseline=info.get("baseline"), arms=[a["name"] for a in info.get("arms", [])],
@@ -308,7 +381,33 @@ def write_report(run_dir: str | Path) -> Path:
                      f"`{info.get('template') or 'tokenizer default'}`; limits: {lim.get('max_steps')} steps, "
                      f"{lim.get('max_context')} context tokens, {lim.get('wall_time_s')} s.")
     text = render_markdown(summary, title=title, run_dir=str(run), notes=notes)
-    plot(summary, run)
-    path = run / "report.md"
-    path.write_text(text, encoding="utf-8")
-    return path
+    targets = [run / "report.md", *(run / name for name in PLOTS)]
+    for target in targets:
+        if target.is_dir():
+            raise ConfigError(f"{target}: is a folder; cannot write the report there")
+    temps: list[Path] = []
+    try:
+        for target in targets:
+            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=run)
+            os.close(fd)
+            temps.append(Path(tmp))
+        temps[0].write_text(text, encoding="utf-8")
+        _save_plots(summary, temps[1:])
+        for tmp, target in zip(temps, targets):
+            os.replace(tmp, target)
+    except OSError as exc:
+        raise ConfigError(f"{run}: cannot write the report: {exc.strerror or exc}") from None
+    finally:
+        for tmp in temps:
+            tmp.unlink(missing_ok=True)
+    return targets[0]
+
+
+def _save_plots(summary: Mapping[str, Any], paths: Sequence[Path]) -> None:
+    plt = _pyplot()
+    for path, make in zip(paths, (quality_figure, latency_figure)):
+        fig = make(summary)
+        try:
+            fig.savefig(path, dpi=110, format="png")
+        finally:
+            plt.close(fig)

@@ -18,27 +18,45 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
+import multiprocessing
 import os
+import signal
+import socket
 import tempfile
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from ctxkit.errors import BudgetError, ConfigError, CtxkitError
 from ctxkit.experiment.config import EpisodeSpec, ExperimentConfig
 from ctxkit.experiment.episode import log_path, run_episode
+from ctxkit.experiment.run_folder import RESULTS, RUN_INFO, append_row, check_out_dir, open_run_folder, read_rows, read_run_info
 
-__all__ = ["validate", "run_experiment", "RunSummary", "read_rows", "EXECUTORS", "config_fingerprint"]
+__all__ = ["validate", "run_experiment", "RunSummary", "RunInterrupted", "read_rows", "EXECUTORS", "config_fingerprint",
+           "check_ray_address"]
 
 EXECUTORS: tuple[str, ...] = ("local", "ray")
 """Accepted `executor` values."""
 
-RESULTS = "results.jsonl"
-RUN_INFO = "run.json"
+RAY_CONNECT_TIMEOUT_S = 5.0
+"""Seconds to wait for a TCP connection to a Ray `address` before calling it unreachable."""
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT) stopped `run_experiment`; `kept` finished episodes are in `results.jsonl`, and a rerun
+    into the same folder resumes. A `KeyboardInterrupt`, so code that does not know it still stops."""
+
+    def __init__(self, out_dir: str, kept: int):
+        super().__init__(f"interrupted; {kept} finished episode{'s' if kept != 1 else ''} kept in {out_dir}, rerun to resume")
+        self.out_dir = out_dir
+        """The run folder."""
+        self.kept = kept
+        """Finished episodes with a row in `results.jsonl`."""
 
 
 @dataclass(frozen=True)
@@ -132,32 +150,6 @@ def validate(config: ExperimentConfig) -> None:
 # ---------------------------------------------------------------------------------------------- results
 
 
-def read_rows(out_dir: str | Path) -> list[dict[str, Any]]:
-    """Rows of `results.jsonl` (a torn or unparsable last line is ignored; a bad line elsewhere is an error)."""
-    path = Path(out_dir) / RESULTS
-    if not path.exists():
-        return []
-    lines = path.read_bytes().split(b"\n")
-    rows = []
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            if i >= len(lines) - 1:  # the last line: a crash mid-append
-                break
-            raise ConfigError(f"{path}:{i}: not a JSON results row") from None
-    return rows
-
-
-def _append_row(out_dir: Path, row: Mapping[str, Any]) -> None:
-    with open(out_dir / RESULTS, "ab") as fh:
-        fh.write(json.dumps(row, sort_keys=True).encode() + b"\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-
-
 def _log_finished(path: Path) -> bool:
     from ctxkit.log import read_events, verify
 
@@ -187,12 +179,11 @@ def _set_aside(path: Path) -> list[str]:
 
 
 def _prepare(config: ExperimentConfig, out: Path) -> tuple[list[EpisodeSpec], int, list[str]]:
-    """Check the run folder, keep finished rows, set partial logs aside; returns (todo, reused, aborted)."""
-    out.mkdir(parents=True, exist_ok=True)
+    """Check the (locked) run folder, keep finished rows, set partial logs aside; returns (todo, reused, aborted)."""
     info_path = out / RUN_INFO
     fp = config_fingerprint(config)
-    if info_path.exists():
-        info = json.loads(info_path.read_text())
+    info = read_run_info(out)
+    if info is not None:
         if info.get("fingerprint") != fp:
             raise ConfigError(
                 f"{out} holds a run of another config ({info.get('config')}, fingerprint "
@@ -205,15 +196,18 @@ def _prepare(config: ExperimentConfig, out: Path) -> tuple[list[EpisodeSpec], in
     grid = config.episodes()
     keys = {s.key for s in grid}
     kept: dict[str, dict[str, Any]] = {}
-    original = read_rows(out)
+    original = read_rows(out, resume=True)  # a torn last row and repeated episodes are dropped here
     for row in original:
-        key = row.get("episode_id")
-        if key in keys and key not in kept and _log_finished(out / row["log"]):
+        key = row["episode_id"]
+        log = row.get("log")
+        if key in keys and key not in kept and isinstance(log, str) and _log_finished(out / log):
             kept[key] = row
-    if len(original) != len(kept) or ((out / RESULTS).exists() and not _ends_clean(out / RESULTS)):
+    results = out / RESULTS
+    clean = "".join(json.dumps(r, sort_keys=True) + "\n" for r in kept.values()).encode()
+    if results.exists() and results.read_bytes() != clean:  # dropped rows, duplicates, a torn last line
         tmp = out / (RESULTS + ".tmp")
-        tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in kept.values()))
-        os.replace(tmp, out / RESULTS)
+        tmp.write_bytes(clean)
+        os.replace(tmp, results)
     todo = [s for s in grid if s.key not in kept]
     aborted: list[str] = []
     for spec in todo:
@@ -221,12 +215,12 @@ def _prepare(config: ExperimentConfig, out: Path) -> tuple[list[EpisodeSpec], in
     return todo, len(kept), aborted
 
 
-def _ends_clean(path: Path) -> bool:
-    data = path.read_bytes()
-    return not data or data.endswith(b"\n")
-
-
 # ---------------------------------------------------------------------------------------------- executors
+
+
+def _ignore_sigint() -> None:
+    """Pool worker initializer: Ctrl-C is the parent's to handle (it stops the workers), so no worker traceback."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _run_local(config: ExperimentConfig, todo: list[EpisodeSpec], out: Path, workers: int,
@@ -235,37 +229,85 @@ def _run_local(config: ExperimentConfig, todo: list[EpisodeSpec], out: Path, wor
         for spec in todo:
             done(run_episode(config, spec, out))
         return
-    import multiprocessing
-
-    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+    before = set(multiprocessing.active_children())
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_ignore_sigint)
+    try:
         pending = {pool.submit(run_episode, config, spec, out) for spec in todo}
         while pending:
             finished, pending = wait(pending, return_when=FIRST_COMPLETED)
             for fut in finished:
                 done(fut.result())
+    except KeyboardInterrupt:
+        # stop the episodes in flight now: their partial logs are set aside by the next run
+        for proc in set(multiprocessing.active_children()) - before:
+            proc.terminate()
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    except BaseException:
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
 
 
-def _run_ray(config: ExperimentConfig, todo: list[EpisodeSpec], out: Path, workers: int, address: str | None,
-             done: Callable[[dict[str, Any]], None]) -> None:
-    import ray
+def check_ray_address(address: str | None, timeout_s: float = RAY_CONNECT_TIMEOUT_S) -> None:
+    """Fail fast (`ConfigError`) when `address` (`host:port` or `ray://host:port`) takes no TCP connection within
+    `timeout_s`: `ray.init` would otherwise retry for a long time. `None`, `auto` and `local` are not checked."""
+    if not address or address in ("auto", "local"):
+        return
+    hostport = address.split("://", 1)[-1].rstrip("/")
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ConfigError(f"Ray address {address!r}: expected host:port, ray://host:port, 'auto' or 'local'")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        reason = "timed out" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
+        raise ConfigError(
+            f"Ray address {address!r}: no Ray cluster reachable there ({reason}); start one with `ray start --head`, "
+            "or leave out the address to start a local Ray"
+        ) from None
 
+
+@contextlib.contextmanager
+def _ray_session(workers: int, address: str | None) -> Iterator[None]:
+    """Connect to (or start) Ray for the run, and shut it down after when this call started it."""
+    check_ray_address(address)
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("executor 'ray' needs Ray: pip install 'ctxkit[ray]'") from None
     started = False
     if not ray.is_initialized():
-        if address:
-            ray.init(address=address, log_to_driver=False)
-        else:
-            ray.init(num_cpus=max(1, workers), include_dashboard=False, log_to_driver=False)
+        try:
+            if address:
+                ray.init(address=address, log_to_driver=False)
+            else:
+                ray.init(num_cpus=max(1, workers), include_dashboard=False, log_to_driver=False)
+        except (ConnectionError, RuntimeError, ValueError, TimeoutError) as exc:
+            raise ConfigError(f"Ray address {address or '(local)'!r}: cannot start or join Ray: {exc}") from None
         started = True
     try:
-        remote = ray.remote(num_cpus=1)(run_episode)
-        pending = [remote.remote(config, spec, str(out)) for spec in todo]
+        yield
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _run_ray(config: ExperimentConfig, todo: list[EpisodeSpec], out: Path, done: Callable[[dict[str, Any]], None]) -> None:
+    import ray
+
+    remote = ray.remote(num_cpus=1)(run_episode)
+    pending = [remote.remote(config, spec, str(out)) for spec in todo]
+    try:
         while pending:
             ready, pending = ray.wait(pending, num_returns=1)
             for ref in ready:
                 done(ray.get(ref))
-    finally:
-        if started:
-            ray.shutdown()
+    except BaseException:
+        for ref in pending:  # stop what is still queued or running (on a remote cluster too)
+            ray.cancel(ref, force=True)
+        raise
 
 
 def run_experiment(
@@ -278,30 +320,45 @@ def run_experiment(
     progress: bool = True,
     report: bool = True,
 ) -> RunSummary:
-    """Validate, resume, run the remaining grid, write the report (see the module docstring)."""
+    """Validate, lock the run folder, resume, run the remaining grid, write the report (module docstring).
+
+    Errors before any episode runs (config, `out_dir` not a writable folder, folder in use by another run,
+    Ray unreachable) are `ConfigError`s and leave nothing behind. Ctrl-C raises `RunInterrupted` (finished
+    rows kept; episodes in flight stopped, their partial logs set aside by the next run)."""
     if executor not in EXECUTORS:
         raise ConfigError(f"executor {executor!r}; expected one of {list(EXECUTORS)}")
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ConfigError(f"workers is {workers!r}; expected an integer >= 1")
+    out = check_out_dir(out_dir)
+    if executor == "ray":
+        check_ray_address(address)
     validate(config)
-    out = Path(out_dir)
-    todo, reused, aborted = _prepare(config, out)
-    total = len(config.episodes())
-    with _progress(progress, total, reused, config.name) as advance:
-        def done(row: dict[str, Any]) -> None:
-            _append_row(out, row)
-            advance(row)
+    session = _ray_session(workers, address) if executor == "ray" else contextlib.nullcontext()
+    with session, open_run_folder(out):
+        todo, reused, aborted = _prepare(config, out)
+        written = {s.key for s in config.episodes()} - {s.key for s in todo}
+        total = len(config.episodes())
+        report_path = None
+        try:
+            with _progress(progress, total, reused, config.name) as advance:
+                def done(row: dict[str, Any]) -> None:
+                    if row["episode_id"] in written:  # never two rows for one episode (e.g. a retried task)
+                        return
+                    append_row(out, row)
+                    written.add(row["episode_id"])
+                    advance(row)
 
-        if todo:
-            if executor == "ray":
-                _run_ray(config, todo, out, workers, address, done)
-            else:
-                _run_local(config, todo, out, workers, done)
-    report_path = None
-    if report:
-        from ctxkit.experiment.report import write_report
+                if todo:
+                    if executor == "ray":
+                        _run_ray(config, todo, out, done)
+                    else:
+                        _run_local(config, todo, out, workers, done)
+            if report:
+                from ctxkit.experiment.report import write_report
 
-        report_path = str(write_report(out))
+                report_path = str(write_report(out))
+        except KeyboardInterrupt:
+            raise RunInterrupted(str(out), len(written)) from None
     return RunSummary(str(out), total, reused, len(todo), tuple(aborted), report_path)
 
 

@@ -65,3 +65,21 @@ def write_config(tmp_path: Path, text: str, name: str = "exp.toml") -> Path:
 def strip_timing(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Rows sorted by episode id, without their wall-clock fields."""
     return sorted(({k: v for k, v in r.items() if k != "timing"} for r in rows), key=lambda r: r["episode_id"])
+
+
+def tiny_toml(*, seeds: str = "[0]", n_files: int = 3, max_steps: int = 12) -> str:
+    """One task (a short needle-recall chain), one arm, few steps: about a second per episode."""
+    return small_toml(
+        seeds=seeds,
+        tasks=f"""
+[tasks.needle-recall]
+n_files = {n_files}
+lines_per_file = 4
+""",
+        arms="""
+[[arms]]
+name = "window+pins"
+compressor = "window"
+params = { keep_first = 1 }
+""",
+    ).replace("max_steps = 20", f"max_steps = {max_steps}")

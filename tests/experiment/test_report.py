@@ -98,4 +98,72 @@ def test_report_of_an_empty_run_is_an_error(tmp_path):
     with pytest.raises(ConfigError, match="no results rows"):
         write_report(tmp_path)
     (tmp_path / "results.jsonl").write_text(json.dumps(ROWS[0]) + "\n" + '{"arm": "a", "tor')  # torn last line
-    assert write_report(tmp_path).exists()
+    with pytest.raises(ConfigError, match=r"results.jsonl:2: line cut mid-way"):
+        write_report(tmp_path)
+    assert not (tmp_path / "report.md").exists()
+
+
+def _tables(text: str) -> list[list[list[str]]]:
+    """Every markdown table of `text` as rows of cells (GitHub's rules: a header row, then a delimiter row)."""
+    tables, block = [], []
+    for line in text.splitlines() + [""]:
+        if line.startswith("|"):
+            block.append([c.strip() for c in line.strip().strip("|").split("|")])
+        elif block:
+            tables.append(block)
+            block = []
+    return tables
+
+
+def test_every_table_renders_on_github_with_units_in_the_column_names():
+    text = render_markdown(summarize(ROWS, baseline="a", n_resamples=200), title="T")
+    tables = _tables(text)
+    assert len(tables) == 5
+    for table in tables:
+        header, delimiter, *rows = table
+        assert all(cell == "---" for cell in delimiter) and len(delimiter) == len(header), header
+        assert rows and all(len(r) == len(header) for r in rows), header
+    time_table = next(t for t in tables if t[0][1] == "build s")
+    assert time_table[0] == ["arm", "build s", "generate s (prefill / decode)", "tool s", "other s", "generated tok/s",
+                             "loss tok/s", "tool wait s p50/p90/p99", "timed out (fraction)", "discarded (fraction)",
+                             "serial s", "bound s (bottleneck)", "speedup (ratio)", "wall s p50/p90/p99"]
+    assert time_table[2] == ["a", "3", "1.2 (0.6 / 0.6)", "0.6", "1.2", "25", "3", "0.15 / 0.2 / 0.2", "0", "0.333",
+                             "6", "4.2 (build)", "1.43x", "2 / 2.8 / 2.98"]
+    arms_table = tables[0]
+    assert arms_table[0][4:9] == ["episodes (count)", "completion (fraction)", "quality (0-1)", "violations (count)",
+                                  "truncated (fraction)"]
+    assert tables[2][0] == ["arm", "quality (0-1)", "completion (fraction)", "violations (count)", "prompt tokens (count)",
+                            "tool calls (count)", "wall s"]
+
+
+def test_markdown_table_refuses_a_row_of_another_width():
+    from ctxkit.experiment.report import markdown_table
+
+    assert markdown_table(["a", "b"], [["1", "2"]]) == ["| a | b |", "|---|---|", "| 1 | 2 |"]
+    with pytest.raises(ValueError, match="row has 3 cells, the header 2"):
+        markdown_table(["a", "b"], [["1", "2", "3"]])
+
+
+def test_latency_plot_shows_every_stage_on_a_log_scale():
+    pytest.importorskip("matplotlib")
+    from ctxkit.experiment.report import STAGES, latency_figure, stage_seconds
+
+    s = summarize(ROWS, baseline="a", n_resamples=50)
+    seconds = stage_seconds(s)
+    # arm a: 3 episodes, wall 6 s: build 3, prefill 0.6, decode 0.6, generate 1.2 (nothing unsplit), tool 0.6, other 1.2
+    assert seconds["a"] == pytest.approx({"build_s": 1.0, "prefill_s": 0.2, "decode_s": 0.2, "generate_rest_s": 0.0,
+                                          "tool_s": 0.2, "other_s": 0.4})
+    fig = latency_figure(s)
+    ax = fig.axes[0]
+    assert ax.get_yscale() == "log"
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [label for _, label in STAGES]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["a", "b"]
+    for container, (key, _) in zip(ax.containers, STAGES):
+        heights = [bar.get_height() for bar in container]
+        for arm, h in zip(["a", "b"], heights):
+            if seconds[arm][key] > 0:
+                assert h == pytest.approx(seconds[arm][key])
+            else:
+                assert h != h  # NaN: no bar at 0 s on a log axis
+    lo, hi = ax.get_ylim()
+    assert lo <= 0.2 / 2 and hi >= 1.0  # prefill, decode and tool wait are inside the axis next to build

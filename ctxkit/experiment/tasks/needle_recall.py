@@ -1,4 +1,7 @@
-"""needle-recall: an access code appears once in an early long log file and is asked for at the very end."""
+"""needle-recall: an access code appears once in an early long log file and is asked for at the very end.
+
+Layer L4 (experiment): imports the library layers below it, never the CLI.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +21,8 @@ SYSTEM = (
     "re-read a file if the value you need is no longer in front of you."
 )
 USER = "Please go through the logs and answer the question in the last file."
+VAULT_POOL = 99
+"""Vault numbers 1..99: every file but the last logs one, so `n_files` is at most `VAULT_POOL + 1`."""
 
 
 def _code(rng: random.Random) -> str:
@@ -44,8 +49,9 @@ class NeedleRecall:
 
     def __post_init__(self) -> None:
         check_common(self)
-        if self.n_files < 3:
-            raise ValueError(f"n_files must be >= 3, got {self.n_files}")
+        if not 3 <= self.n_files <= VAULT_POOL + 1:
+            raise ValueError(f"n_files must be in [3, {VAULT_POOL + 1}] (each file but the last logs a distinct vault "
+                             f"number, drawn from a pool of {VAULT_POOL}), got {self.n_files}")
         if not 0 <= self.needle_file < self.n_files - 1:
             raise ValueError(f"needle_file must be in [0, {self.n_files - 2}], got {self.needle_file}")
         if self.lines_per_file < 1:
@@ -54,7 +60,7 @@ class NeedleRecall:
     def episode(self, seed: int, workdir: Path) -> TaskEpisode:
         """Write the logs for `seed` under `workdir` and return the episode."""
         rng = random.Random(f"{self.version}:{seed}")
-        vaults = rng.sample(range(1, 100), self.n_files - 1)
+        vaults = rng.sample(range(1, VAULT_POOL + 1), self.n_files - 1)
         codes = [_code(rng) for _ in vaults]
         target = self.needle_file
         paths = [f"logs/{i:02d}.log" for i in range(self.n_files)]
