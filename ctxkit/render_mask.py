@@ -1,8 +1,8 @@
 """Locating assistant turns in the rendered text and labelling each token's role and loss mask (L3).
 
-Part of `ctxkit.render` (see its module docstring for how turns are located): `_TurnLabeller` holds the
-`IncrementalRenderer` methods that find each message's region in the rendered text (structurally or
-per turn) and derive per-token roles, the loss mask and region token ranges from those regions.
+Part of `ctxkit.rendering` (see its module docstring for how turns are located): `TurnLabeller` holds
+the `IncrementalRenderer` methods that find each message's region (`TextRegion`) in the rendered text
+(structurally or per turn) and derive per-token roles, the loss mask and region token ranges from them.
 """
 
 from __future__ import annotations
@@ -16,24 +16,34 @@ from ctxkit.errors import RenderError, TemplateError
 
 
 @dataclass
-class _Region:
+class TextRegion:
+    """Where one message's text (or a generation prompt) lies in a rendered text; mutable, since the
+    renderer fills in its token range and span as it labels tokens."""
+
     start: int
+    """First character (inclusive)."""
     end: int
+    """Last character (exclusive)."""
     role: str
-    index: int  # message index, -1 for the final generation prompt
-    kind: str  # "content" | "produced" | "header"
-    tokens: tuple[int, int] | None = None  # token range in the rendered (pre-substitution) ids
-    span: Any = None  # cached MessageSpan
+    """The message's role, or `generation_prompt`."""
+    index: int
+    """Message index; -1 for the final generation prompt."""
+    kind: str
+    """`content` (a message's own text), `produced` (an assistant turn) or `header` (a generation prompt)."""
+    tokens: tuple[int, int] | None = None
+    """Token range in the rendered (pre-substitution) ids, once labelled."""
+    span: Any = None
+    """Cached `MessageSpan` of the region."""
 
 
 class _Fallback(Exception):
     """Structural location failed for this render; use per-turn location."""
 
 
-class _TurnLabeller:
+class TurnLabeller:
     """Mixin of `IncrementalRenderer`: locates message regions in the rendered text and labels tokens.
 
-    Uses the renderer's state (`_chat`, `_info`, `_ids`, `_starts`, `_regions`, ...) and `_render_text`."""
+    Uses the renderer's state (`_chat`, `_profile`, `_ids`, `_starts`, `_regions`, ...) and `_render_text`."""
 
     # -- locating -----------------------------------------------------------------------------
 
@@ -42,7 +52,7 @@ class _TurnLabeller:
         text = self._turn_text.get(i)
         if text is not None:
             return text
-        eot = self._info.end_of_turn
+        eot = self._profile.end_of_turn
         contexts = [self._chat[:i]]
         if i > 1 and self._chat[0].get("role") == "system":
             contexts.append(self._chat[1:i])
@@ -63,7 +73,7 @@ class _TurnLabeller:
 
     def _locate(self, text: str, agp: bool, stable: int) -> int:
         """Update the regions for `text`; return the char offset from which labels must be redone."""
-        gp = self._info.generation_prompt
+        gp = self._profile.generation_prompt
         mode = "turns"
         if self._structural_ok and text.count(gp) == self._n_assistant + (1 if agp and text.endswith(gp) else 0):
             mode = "structural"
@@ -87,7 +97,7 @@ class _TurnLabeller:
         del unresolved[bisect.bisect_left(unresolved, keep) :]
         cursor = max((r.end for r in regions[-3:] if not (r.index == 0 and r.role == "system")), default=0)
         relabel_from = min(stable, cursor)
-        new: list[_Region] = []
+        new: list[TextRegion] = []
         try:
             self._locate_from(text, keep, cursor, mode, new)
         except _Fallback:
@@ -103,12 +113,12 @@ class _TurnLabeller:
             pmax.append(top)
         self._final = None
         if agp and gp and text.endswith(gp):
-            self._final = _Region(len(text) - len(gp), len(text), "generation_prompt", -1, "header")
+            self._final = TextRegion(len(text) - len(gp), len(text), "generation_prompt", -1, "header")
         self._located = len(self._chat)
         return relabel_from
 
-    def _locate_from(self, text: str, first: int, cursor: int, mode: str, out: list[_Region]) -> int:
-        gp, eot = self._info.generation_prompt, self._info.end_of_turn
+    def _locate_from(self, text: str, first: int, cursor: int, mode: str, out: list[TextRegion]) -> int:
+        gp, eot, opener = self._profile.generation_prompt, self._profile.end_of_turn, self._profile.turn_opener
         for i in range(first, len(self._chat)):
             msg = self._chat[i]
             role = msg.get("role")
@@ -119,10 +129,10 @@ class _TurnLabeller:
                         raise _Fallback
                     s = pos + len(gp)
                     e = text.find(eot, s)
-                    if e < 0 or (self._opener and text.find(self._opener, s, e) >= 0):
+                    if e < 0 or (opener and text.find(opener, s, e) >= 0):
                         raise _Fallback  # no end-of-turn before the next turn opens
                     e += len(eot)
-                    out.append(_Region(pos, s, "generation_prompt", i, "header"))
+                    out.append(TextRegion(pos, s, "generation_prompt", i, "header"))
                 else:
                     turn = self._turn(i)
                     # Prefer the turn behind its generation prompt: the bare turn text (e.g. just the
@@ -137,7 +147,7 @@ class _TurnLabeller:
                         # renders between the next generation prompt and end-of-turn token.
                         s = text.find(gp, cursor) + len(gp)
                         e = text.find(eot, s)
-                        if e < 0 or (self._opener and text.find(self._opener, s, e) >= 0):
+                        if e < 0 or (opener and text.find(opener, s, e) >= 0):
                             raise RenderError(
                                 f"message {i}: no end-of-turn {eot!r} closes the assistant turn rendered by "
                                 f"template {self.template.id}; cannot locate it for the loss mask"
@@ -149,8 +159,8 @@ class _TurnLabeller:
                             f"{self.template.id} (it rewrites history); cannot locate it for the loss mask"
                         )
                     if gp and text[max(0, s - len(gp)) : s] == gp:
-                        out.append(_Region(s - len(gp), s, "generation_prompt", i, "header"))
-                out.append(_Region(s, e, "assistant", i, "produced"))
+                        out.append(TextRegion(s - len(gp), s, "generation_prompt", i, "header"))
+                out.append(TextRegion(s, e, "assistant", i, "produced"))
                 cursor = e
             else:
                 body = message_text(msg.get("content"))
@@ -160,7 +170,7 @@ class _TurnLabeller:
                 if pos < 0:
                     self._unresolved.append(i)
                     continue
-                out.append(_Region(pos, pos + len(body), role, i, "content"))
+                out.append(TextRegion(pos, pos + len(body), role, i, "content"))
                 if not (i == 0 and role == "system"):  # a system prompt may be moved (Mistral): no cursor
                     cursor = pos + len(body)
         return cursor

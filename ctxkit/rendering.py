@@ -39,10 +39,10 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from ctxkit.chat_messages import validate_message
 from ctxkit.errors import MessageFormatError, RenderError, TemplateError
-from ctxkit.render_mask import _Fallback, _Region, _TurnLabeller  # noqa: F401  (_Fallback: re-exported)
-from ctxkit.template_check import strings_in, template_markers
-from ctxkit.template_locality import template_locality, window_delta
-from ctxkit.templates import ChatTemplate, _plain, load_template, normalize_messages
+from ctxkit.render_mask import TextRegion, TurnLabeller
+from ctxkit.template_locality import window_delta
+from ctxkit.template_profile import template_profile
+from ctxkit.templates import ChatTemplate, load_template, normalize_messages, plain_value
 from ctxkit.tokenizers import Tokenizer, load_tokenizer
 
 TOKEN_ROLES = ("system", "user", "assistant", "tool", "scaffold", "generation_prompt")
@@ -114,7 +114,7 @@ def context_hash(token_ids: Iterable[int]) -> str:
 # ------------------------------------------------------------------------------------- renderer
 
 
-class IncrementalRenderer(_TurnLabeller):
+class IncrementalRenderer(TurnLabeller):
     """Renders a growing conversation; each `render` tokenizes only text after the last stable
     special-token boundary and relabels only what changed. Ids equal a full `render` every time."""
 
@@ -122,17 +122,14 @@ class IncrementalRenderer(_TurnLabeller):
         self.tokenizer: Tokenizer = load_tokenizer(tokenizer)
         self.template: ChatTemplate = load_template(template, self.tokenizer)
         self.tools = None if tools is None else list(tools)
-        self._tools_plain = None if tools is None else _plain(list(tools), "tools")
-        self._info = template_markers(self.tokenizer, self.template)
-        self._compiled = None
+        self._tools_plain = None if tools is None else plain_value(list(tools), "tools")
+        self._profile = template_profile(self.tokenizer, self.template)
         self._messages: list[dict] = []
         self._chat: list[dict] = []
         self._sampled: list[tuple[int, ...] | None] = []
         self._call_ids: set[str] = set()
-        self._structural_ok = bool(self._info.generation_prompt and self._info.end_of_turn)
+        self._structural_ok = bool(self._profile.generation_prompt and self._profile.end_of_turn)
         self._turn_text: dict[int, str] = {}
-        gp_specials = [p for p, special in self.tokenizer.split_special(self._info.generation_prompt) if special]
-        self._opener = gp_specials[0] if gp_specials else None  # special token that opens a turn
         self._special_len = {i: len(t) for t, i in self.tokenizer.special_tokens.items()}
         # rendered-space state
         self._text = ""
@@ -142,9 +139,9 @@ class IncrementalRenderer(_TurnLabeller):
         self._sp_tok: list[int] = []  # number of tokens up to and including it
         self._roles: list[str] = []
         self._mask: list[int] = []
-        self._regions: list[_Region] = []  # message regions, in message order
+        self._regions: list[TextRegion] = []  # message regions, in message order
         self._prefix_max: list[int] = []  # running max of region ends (monotonic, for bisect)
-        self._final: _Region | None = None  # the trailing generation prompt, if rendered
+        self._final: TextRegion | None = None  # the trailing generation prompt, if rendered
         self._located = 0  # messages whose regions are in self._regions (in order)
         self._unresolved: list[int] = []  # messages whose text was not found in the last render
         self._n_assistant = 0
@@ -152,7 +149,7 @@ class IncrementalRenderer(_TurnLabeller):
         self._hash_cp: tuple[int, Any] = (0, hashlib.sha256(b"ctxkit-context-v1"))
         self._mode = ""
         # windowed text rendering (templates found local by `template_locality`)
-        locality = template_locality(self.tokenizer, self.template)
+        locality = self._profile.locality
         self._local, self._reach, self._prompt = locality.local, locality.reach, locality.prompt
         self._core: tuple[int, str] | None = None  # (m, render of the first m messages without prompt)
         self._head: str | None = None  # render of the first `reach` messages (see window_delta)
@@ -162,7 +159,7 @@ class IncrementalRenderer(_TurnLabeller):
         self._span_at: list[int] = [0]  # number of spans from regions[:i]
         self._span_dirty = 0  # regions[:i] unchanged since the last output for i <= this
         self.window_renders = 0
-        """Renders whose text came from a suffix window (`template_check.window_delta`)."""
+        """Renders whose text came from a suffix window (`template_locality.window_delta`)."""
         self.full_renders = 0
         """Renders of the whole conversation through the template."""
 
@@ -179,8 +176,8 @@ class IncrementalRenderer(_TurnLabeller):
         index = len(self._messages)
         clean, sampled = validate_message(message, index, self._call_ids, self.tokenizer.vocab_size)
         chat = normalize_messages([clean])[0]
-        if self._structural_ok and self._info.markers:
-            if any(m in s for s in strings_in(chat) for m in self._info.markers):
+        if self._structural_ok and self._profile.markers:
+            if any(m in s for s in _strings_in(chat) for m in self._profile.markers):
                 self._structural_ok = False
         self._messages.append(dict(message))
         self._n_assistant += chat.get("role") == "assistant"
@@ -196,24 +193,7 @@ class IncrementalRenderer(_TurnLabeller):
     # -- text ---------------------------------------------------------------------------------
 
     def _render_text(self, chat: list[dict], agp: bool) -> str:
-        import jinja2
-
-        from ctxkit.templates import _compile
-
-        if self._compiled is None:
-            self._compiled = _compile(self.template.source, self.template.sha256, self.template.name)
-        try:
-            return self._compiled.render(
-                messages=chat,
-                tools=self._tools_plain,
-                documents=None,
-                add_generation_prompt=agp,
-                **self.template.variables,
-            )
-        except jinja2.exceptions.TemplateError as exc:
-            raise TemplateError(f"template {self.template.id}: {exc}") from exc
-        except (TypeError, ValueError, AttributeError, KeyError, IndexError) as exc:
-            raise TemplateError(f"template {self.template.id} failed to render: {type(exc).__name__}: {exc}") from exc
+        return self.template.render_chat(chat, tools=self._tools_plain, add_generation_prompt=agp)
 
     def _retokenize(self, text: str) -> int:
         """Bring ids/starts up to date with `text`; return the char offset from which labels may change."""
@@ -304,7 +284,7 @@ class IncrementalRenderer(_TurnLabeller):
         Sampled-id substitutions are kept between renders: those wholly before `changed` (same turn,
         same token range) are reused with the output before them; only later ones are redone."""
         ids, mask, roles = self._ids, self._mask, self._roles
-        eot_id = self._info.end_of_turn_id
+        eot_id = self._profile.end_of_turn_id
         subs = self._subs
         produced = (
             [r for r in self._regions if r.kind == "produced" and self._sampled[r.index] is not None]
@@ -410,7 +390,7 @@ class IncrementalRenderer(_TurnLabeller):
             drifts=tuple(drifts),
             template_id=self.template.id,
             tokenizer_id=self.tokenizer.id,
-            prefix_preserving=self._info.prefix_preserving,
+            prefix_preserving=self._profile.prefix_preserving,
             hash=self._hash(token_ids, out_changed),
         )
 
@@ -425,6 +405,18 @@ class IncrementalRenderer(_TurnLabeller):
         self._hash_cp = (changed, h.copy())
         h.update(_int32_bytes(token_ids[changed:]))
         return h.hexdigest()
+
+
+def _strings_in(value: Any) -> Iterable[str]:
+    """Every string inside a nested dict/list value."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, Mapping):
+        for v in value.values():
+            yield from _strings_in(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _strings_in(v)
 
 
 def _int32_bytes(ids: Sequence[int]) -> bytes:

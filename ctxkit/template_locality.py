@@ -6,17 +6,16 @@ exactly what render(chat[:m]) and render(chat[:n]) differ by, where `lead` is th
 template is local when the rendering of a message depends only on itself, its neighbours
 (`messages[loop.index0 +- k]`, `loop.first/last`, `loop.previtem/nextitem`), the first message and
 global values (tools, the generation prompt flag, special tokens), all identical in the window.
-`template_locality` decides it per template from the template's syntax tree plus a probe;
-`window_delta` computes one delta and checks it against the full text already known.
+`locality_scan` reads the syntax tree, `window_delta` computes one delta and checks it against the
+full text already known; `ctxkit.template_profile.template_locality` decides it per template and
+tokenizer (the syntax tree plus a probe) as part of the template's profile.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ctxkit.errors import TemplateError
-from ctxkit.template_check import probe_conversation
-from ctxkit.templates import ChatTemplate
+from ctxkit.template_sandbox import sandbox_environment
 
 _LOOP_OK = frozenset({"first", "last", "previtem", "nextitem"})
 
@@ -44,7 +43,7 @@ def scan_locality(source: str) -> str | None:
     inside it; `loop.index0 == 0` / `loop.index == 1`; `loop.first/last/previtem/nextitem`; `messages`
     as a truth value. Anything else that sees the list (`messages|length`, `messages[-1]`, slices,
     reversed loops, `loop.length`, `loop.revindex`, namespace accumulators) is reported."""
-    return _scan(source)[0]
+    return locality_scan(source)[0]
 
 
 def trailing_prompt(source: str) -> str | None:
@@ -53,10 +52,8 @@ def trailing_prompt(source: str) -> str | None:
     import jinja2
     from jinja2 import nodes
 
-    from ctxkit.templates import _environment
-
     try:
-        tree = _environment().parse(source)
+        tree = sandbox_environment().parse(source)
     except jinja2.exceptions.TemplateSyntaxError:
         return None
     uses = [n for n in tree.find_all(nodes.Name) if n.name == "add_generation_prompt"]
@@ -81,15 +78,14 @@ def trailing_prompt(source: str) -> str | None:
     return "".join(text)
 
 
-def _scan(source: str) -> tuple[str | None, int]:
-    """`(scan_locality(source), reach)`: reach is the farthest neighbour offset used (at least 1)."""
+def locality_scan(source: str) -> tuple[str | None, int]:
+    """`(scan_locality(source), reach)`: reach is the farthest neighbour offset a message's rendering
+    looks at (`messages[loop.index0 - 2]` reaches 2; at least 1)."""
     import jinja2
     from jinja2 import nodes
 
-    from ctxkit.templates import _environment
-
     try:
-        tree = _environment().parse(source)
+        tree = sandbox_environment().parse(source)
     except jinja2.exceptions.TemplateSyntaxError as exc:
         return f"syntax error: {exc.message}", 1
     problems: list[str] = []
@@ -215,116 +211,3 @@ def window_delta(render, chat: list[dict], m: int, core: str, agp: bool, head: s
     if not with_prompt.startswith(old):
         return None
     return new_core, core + with_prompt[len(old):]
-
-
-def _probe_conversations(seed: int = 7) -> list[tuple[list[dict], list[dict] | None]]:
-    """Conversations of several shapes for the locality probe: system present/absent, tools or not,
-    plain and tool-calling assistant turns (one to three calls), runs of tool results, reasoning."""
-    import random
-
-    rng = random.Random(seed)
-    words = "alpha beta gamma delta file test run — naïve 你好 🎉 {\"k\": 1}".split(" ")
-    _, schemas = probe_conversation(tools=True)
-
-    def text() -> str:
-        return "" if rng.random() < 0.1 else " ".join(rng.choice(words) for _ in range(rng.randint(1, 8)))
-
-    out = []
-    for c in range(24):
-        tools = schemas if c % 2 else None
-        msgs: list[dict] = []
-        if c % 4 < 2:
-            msgs.append({"role": "system", "content": text() or "Be brief."})
-        msgs.append({"role": "user", "content": text() or "Go."})
-        ncall = 0
-        while len(msgs) < 10 + c % 5:
-            r = rng.random()
-            if msgs[-1]["role"] in ("user", "tool") and r < 0.5 and tools is not None:
-                calls = []
-                for _ in range(rng.choice([1, 1, 2, 3])):
-                    ncall += 1
-                    calls.append({"id": f"call{ncall:05d}", "type": "function",
-                                  "function": {"name": "read_file", "arguments": {"path": f"f{ncall}.txt"}}})
-                turn = {"role": "assistant", "content": rng.choice(["", text()]), "tool_calls": calls}
-                if rng.random() < 0.3:
-                    turn["reasoning_content"] = text() or "hmm"
-                msgs.append(turn)
-                msgs += [{"role": "tool", "tool_call_id": call["id"], "content": text()} for call in calls]
-            elif msgs[-1]["role"] in ("user", "tool"):
-                turn = {"role": "assistant", "content": text() or "Done."}
-                if rng.random() < 0.3:
-                    turn["reasoning_content"] = text() or "ok"
-                msgs.append(turn)
-            else:
-                msgs.append({"role": "user", "content": text() or "More."})
-        out.append((msgs, tools))
-    return out
-
-
-_LOCALITY: dict[tuple[str, str], Locality] = {}
-_LOCALITY_MAX = 64
-
-
-def template_locality(tok, tpl: ChatTemplate) -> Locality:
-    """Whether `window_delta` is exact for `tpl` through `tok` (cached per template and tokenizer).
-
-    Local when the syntax tree shows no use of the whole message list (`scan_locality`) and, on probe
-    conversations of several shapes grown one to three messages at a time, every windowed render (with
-    and without the generation prompt) equals the full render, and the full render raises wherever the
-    windowed one would have given text."""
-    key = (tpl.sha256, getattr(tok, "id", ""))
-    hit = _LOCALITY.get(key)
-    if hit is not None:
-        return hit
-    reason, reach = _scan(tpl.source)
-    prompt = trailing_prompt(tpl.source)
-    if not reason:
-        reason, prompt = _probe_locality(tpl, reach, prompt)
-    result = Locality(local=not reason, reason=reason or "", reach=reach, prompt=prompt if not reason else None)
-    if len(_LOCALITY) >= _LOCALITY_MAX:
-        _LOCALITY.pop(next(iter(_LOCALITY)))
-    _LOCALITY[key] = result
-    return result
-
-
-def _probe_locality(tpl: ChatTemplate, reach: int, prompt: str | None) -> tuple[str | None, str | None]:
-    """`(reason, prompt)`: why windows are not exact on the probe (None if they are), and `prompt`
-    unless some probe render with the generation prompt is not the one without it plus `prompt`."""
-    import random
-
-    from ctxkit.templates import _plain, normalize_messages
-
-    rng = random.Random(11)
-    for msgs, tools in _probe_conversations():
-        chat = normalize_messages(msgs)
-        tools_plain = None if tools is None else _plain(list(tools), "tools")
-        render = lambda c, agp, _t=tools_plain: tpl.render_chat(c, tools=_t, add_generation_prompt=agp)  # noqa: E731
-        full: dict[tuple[int, bool], str | None] = {}
-
-        def whole(n: int, agp: bool) -> str | None:
-            if (n, agp) not in full:
-                try:
-                    full[(n, agp)] = render(chat[:n], agp)
-                except TemplateError:
-                    full[(n, agp)] = None
-            return full[(n, agp)]
-
-        m = 3
-        while m < len(chat):
-            n = min(len(chat), m + rng.choice([1, 1, 2, 3]))
-            core = whole(m, False)
-            if core is not None:
-                for agp in (False, True):
-                    try:
-                        got = window_delta(render, chat[:n], m, core, agp, reach=reach)
-                    except TemplateError:
-                        got = None
-                    if got is None:
-                        continue
-                    if got != (whole(n, False), whole(n, agp)):
-                        return f"probe: a windowed render of {n} messages differs from the full render", None
-            plain, with_prompt = whole(n, False), whole(n, True)
-            if prompt is not None and (plain is None or with_prompt != plain + prompt):
-                prompt = None
-            m = n
-    return None, prompt

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from conftest import tokenizer_dir
 from ctxkit.errors import RenderError
 from ctxkit.rendering import IncrementalRenderer, render
-from ctxkit.template_locality import scan_locality, template_locality
+from ctxkit.template_locality import scan_locality
+from ctxkit.template_profile import template_locality
 from ctxkit.templates import load_template
 from ctxkit.tokenizers import load_tokenizer
 from render_cases import conversation

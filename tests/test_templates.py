@@ -11,7 +11,8 @@ import pytest
 from conftest import tokenizer_dir
 from ctxkit.errors import TemplateError
 from ctxkit import templates as templates_mod
-from ctxkit.templates import RENDER_CLOCK, available_templates, check_template, load_template
+from ctxkit.template_check import check_template
+from ctxkit.templates import RENDER_CLOCK, available_templates, load_template
 from ctxkit.tokenizers import load_tokenizer
 
 
@@ -49,7 +50,7 @@ def test_ctxkit_template_from_manifest():
 def test_manifest_sha_mismatch_is_rejected(tmp_path, monkeypatch):
     (tmp_path / "x-v1.jinja").write_text("{{ messages[0].content }}")
     manifest = {"x-v1": {"file": "x-v1.jinja", "sha256": "0" * 64}}
-    monkeypatch.setattr(templates_mod, "_manifest", lambda: (Path(tmp_path), manifest))
+    monkeypatch.setattr(templates_mod, "template_manifest", lambda: (Path(tmp_path), manifest))
     with pytest.raises(TemplateError, match=r"x-v1.*sha256 of x-v1.jinja is [0-9a-f]{64}, manifest says 0{64}"):
         load_template("x-v1", qwen())
     manifest["x-v1"]["sha256"] = hashlib.sha256(b"{{ messages[0].content }}").hexdigest()

@@ -31,7 +31,7 @@ def _check(args: argparse.Namespace) -> int:
     import orjson
 
     from ctxkit.commands.render_cmd import default_tokenizer
-    from ctxkit.templates import check_template
+    from ctxkit.template_check import check_template
     from ctxkit.tokenizers import load_tokenizer
 
     spec, template = args.tokenizer, args.template
@@ -63,9 +63,9 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from ctxkit.templates import _manifest
+    from ctxkit.templates import template_manifest
 
-    _, manifest = _manifest()
+    _, manifest = template_manifest()
     for name in sorted(manifest):
         entry = manifest[name]
         print(f"{name}  sha256:{entry['sha256'][:16]}  {entry.get('description', '')}")
