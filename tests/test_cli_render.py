@@ -65,7 +65,7 @@ def test_render_errors_are_typed(tmp_path, capsys):
     bad.write_text(json.dumps({"messages": [{"role": "user", "content": "x"}, {"role": "narrator", "content": "y"}]}))
     assert main(["render", str(bad), "--tokenizer", "tiktoken:cl100k_base", "--template", "chatml-tools-v1"]) == 2
     err = capsys.readouterr().err
-    assert "ctxkit: error:" in err and "bad.json" in err and "message 1: unknown role 'narrator'" in err
+    assert err.startswith(f"ctxkit: error: {bad}: messages[1]: unknown role 'narrator'") and err.count("\n") == 1
     broken = tmp_path / "broken.json"
     broken.write_text('{"messages": [\n  {"role": "user",, }\n]}')
     assert main(["render", str(broken), "--tokenizer", "tiktoken:cl100k_base", "--template", "chatml-tools-v1"]) == 2

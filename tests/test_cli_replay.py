@@ -75,8 +75,9 @@ def test_bad_arguments(log_path, capsys):
     assert "the log has 6 step(s)" in capsys.readouterr().err
     assert main(["replay", str(log_path), "--verify", "--template", "chatml-tools-v1"]) == 2
     assert "recorded template id" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        main(["replay", str(log_path)])  # --verify or --step is required
+    assert main(["replay", str(log_path)]) == 2  # --verify or --step is required
+    assert capsys.readouterr().err == ("ctxkit: error: replay: one of the arguments --verify --step is required "
+                                       "(see `ctxkit replay --help`)\n")
 
 
 @pytest.mark.parametrize("suffix", [".parquet", ".jsonl"])

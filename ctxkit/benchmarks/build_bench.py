@@ -8,6 +8,8 @@ token_counter=<per-message token count over the same tokenizer, cached>, max_tok
 `apply_chat_template(tokenize=True, add_generation_prompt=True)`. Reported: per-turn medians, ratios,
 and whether every context is within the budget in tokens of the final render (ctxkit checks this at
 every build; LangChain's token counter sees message text only, so its renders may not be).
+
+Layer L4 (experiment): imports the library layers below it, never the CLI.
 """
 
 from __future__ import annotations
@@ -88,8 +90,9 @@ def episode_events(turns: int, tok, tpl, seed: int = 0):
 
 
 def _ctxkit_pass(tok, tpl, name, budget, head, per_turn, constraint, check: bool):
-    from ctxkit.builder import ContextBuilder, MemoryLog
+    from ctxkit.builder import ContextBuilder
     from ctxkit.events import Compaction
+    from ctxkit.log import MemoryLog
     from ctxkit.view import find_orphans
 
     builder = ContextBuilder(tok, tpl, name, budget)
@@ -164,14 +167,34 @@ def _lc_messages(head, per_turn):
     return lc_head, lc_turns
 
 
+def require_langchain() -> None:
+    """Check that LangChain (the baseline arm, `langchain-core` from the `test` extra) can be imported;
+    else a `MissingExtraError` naming the extra."""
+    try:
+        import langchain_core.messages  # noqa: F401
+    except ImportError as exc:
+        from ctxkit.models import MissingExtraError
+
+        raise MissingExtraError("langchain-core", "test", "ctxkit bench build (its LangChain baseline arm)") from exc
+
+
 def run(tokenizer_spec: str, *, turns: int = 200, budget: int = 16_000, compressors=DEFAULT_COMPRESSORS,
         repeats: int = 3, progress=None) -> BuildBenchResult:
     """Run the benchmark (see the module docstring)."""
+    from ctxkit.compress import compressor_class
     from ctxkit.errors import ConfigError
     from ctxkit.rendering import render
     from ctxkit.templates import load_template
     from ctxkit.tokenizers import load_tokenizer
 
+    require_langchain()
+    compressors = tuple(compressors)
+    if not compressors:
+        raise ConfigError("bench build: no compressor given; name at least one (see `ctxkit compressors`)")
+    for name in compressors:
+        compressor_class(name)  # an unknown name fails here, before the episode is built
+    if turns < 1 or repeats < 1 or budget < 1:
+        raise ConfigError(f"bench build: turns, repeats and budget must be at least 1 (got {turns}, {repeats}, {budget})")
     tok = load_tokenizer(tokenizer_spec)
     if tok.hf is None:
         raise ConfigError(f"bench build compares against transformers; --tokenizer must be a Hugging Face tokenizer, got {tok.id}")
@@ -226,15 +249,17 @@ def main(args: argparse.Namespace) -> int:
     import orjson
 
     from ctxkit.errors import ConfigError
+    from ctxkit.tokenizers import shared_dir
 
     if args.turns < 1 or args.repeats < 1 or args.budget < 1:
         raise ConfigError("--turns, --repeats and --budget must be at least 1")
-    spec = args.tokenizer
-    if spec is None:
-        from ctxkit.commands.render_cmd import shared_dir
-
-        spec = str(shared_dir() / "tokenizers" / "qwen2.5-instruct")
-    names = tuple(n.strip() for n in args.compressors.split(",") if n.strip()) if args.compressors else DEFAULT_COMPRESSORS
+    spec = args.tokenizer or str(shared_dir() / "tokenizers" / "qwen2.5-instruct")
+    names = DEFAULT_COMPRESSORS
+    if args.compressors is not None:
+        names = tuple(n.strip() for n in args.compressors.split(",") if n.strip())
+        if not names:
+            raise ConfigError(f"--compressors {args.compressors!r}: no compressor named; give comma-separated "
+                              "names (see `ctxkit compressors`)")
     progress = None
     if not args.json:
         progress = lambda msg: print(msg, file=sys.stderr)  # noqa: E731

@@ -6,6 +6,8 @@ import argparse
 import json
 from typing import Any
 
+from ctxkit.commands.argtypes import non_negative_int
+
 
 def register_audit(subparsers: Any) -> None:
     """Add `ctxkit audit`."""
@@ -19,14 +21,18 @@ def register_audit(subparsers: Any) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable report")
     p.add_argument("--trained-at", type=int, metavar="VERSION", help="policy version being trained now (lag figures)")
     p.add_argument("--no-rebuild", action="store_true", help="skip replaying contexts in the record check")
-    p.add_argument("--examples", type=int, default=5, metavar="N", help="failing examples kept per check (default 5)")
+    p.add_argument("--examples", type=non_negative_int, default=5, metavar="N", help="failing examples kept per check (default 5)")
     p.set_defaults(func=_audit)
 
 
 def _audit(args: argparse.Namespace) -> int:
     from ctxkit.audit import audit
+    from ctxkit.errors import ConfigError
 
     report = audit(args.paths, trained_at=args.trained_at, rebuild=not args.no_rebuild, max_examples=args.examples)
+    if not report.paths:
+        found = f" (only {len(report.skipped)} other .jsonl file(s), not ctxkit logs)" if report.skipped else ""
+        raise ConfigError(f"no episode logs found in {', '.join(args.paths)}{found}")
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
         return 0 if report.ok else 1

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
+
+from ctxkit.commands.argtypes import positive_int
 
 
 def register_bench(subparsers) -> None:
@@ -17,21 +18,21 @@ def register_bench(subparsers) -> None:
         description="Build a long agent episode turn by turn and time ctxkit's incremental render, "
                     "apply_chat_template(tokenize=True) re-rendered every turn, and encoding only the new text; "
                     "checks the ids are identical at every turn.")
-    render.add_argument("--turns", type=int, default=200, help="turns in the episode (default 200)")
+    render.add_argument("--turns", type=positive_int, default=200, help="turns in the episode (default 200)")
     render.add_argument("--tokenizer", metavar="PATH", default=None,
                         help="Hugging Face tokenizer folder (default: shared qwen2.5-instruct)")
     render.add_argument("--template", metavar="S", default=None, help="template (default: the tokenizer's own)")
-    render.add_argument("--repeats", type=int, default=3, help="repeats; medians are reported (default 3)")
+    render.add_argument("--repeats", type=positive_int, default=3, help="repeats; medians are reported (default 3)")
     render.add_argument("--json", action="store_true", help="print the figures as JSON")
     render.set_defaults(func=_render)
     build = sub.add_parser(
         "build", help="context building with each compressor over a long episode",
         description="Time context building with compressors over a long episode (see ctxkit.benchmarks.build_bench).")
-    build.add_argument("--turns", type=int, default=200, help="turns in the episode (default 200)")
-    build.add_argument("--budget", type=int, default=16000, help="token budget (default 16000)")
+    build.add_argument("--turns", type=positive_int, default=200, help="turns in the episode (default 200)")
+    build.add_argument("--budget", type=positive_int, default=16000, help="token budget (default 16000)")
     build.add_argument("--tokenizer", metavar="PATH", default=None, help="tokenizer (default: shared qwen2.5-instruct)")
     build.add_argument("--compressors", default=None, help="comma-separated compressor specs (default: all)")
-    build.add_argument("--repeats", type=int, default=3, help="repeats (default 3)")
+    build.add_argument("--repeats", type=positive_int, default=3, help="repeats (default 3)")
     build.add_argument("--json", action="store_true", help="print the figures as JSON")
     build.set_defaults(func=_build)
 
@@ -40,11 +41,8 @@ def _render(args: argparse.Namespace) -> int:
     import orjson
 
     from ctxkit.benchmarks.render_bench import run
-    from ctxkit.commands.render_cmd import shared_dir
-    from ctxkit.errors import ConfigError
+    from ctxkit.tokenizers import shared_dir
 
-    if args.turns < 1 or args.repeats < 1:
-        raise ConfigError("--turns and --repeats must be at least 1")
     spec = args.tokenizer or str(shared_dir() / "tokenizers" / "qwen2.5-instruct")
     progress = None
     if not args.json:
@@ -80,12 +78,6 @@ def _render(args: argparse.Namespace) -> int:
 
 
 def _build(args: argparse.Namespace) -> int:
-    try:
-        module = importlib.import_module("ctxkit.benchmarks.build_bench")
-    except ModuleNotFoundError as exc:
-        if exc.name != "ctxkit.benchmarks.build_bench":
-            raise
-        from ctxkit.errors import ConfigError
+    from ctxkit.benchmarks.build_bench import main
 
-        raise ConfigError("ctxkit bench build is not available (ctxkit.benchmarks.build_bench is missing)") from None
-    return int(module.main(args) or 0)
+    return int(main(args) or 0)

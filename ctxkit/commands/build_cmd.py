@@ -8,6 +8,7 @@ from typing import Any
 
 import orjson
 
+from ctxkit.commands.argtypes import non_negative_int, positive_int
 from ctxkit.errors import ConfigError
 
 
@@ -48,11 +49,11 @@ def register_build(subparsers) -> None:
     parser.add_argument("--compressor", default="keep-all", help="registered compressor name (see `ctxkit compressors`)")
     parser.add_argument("--param", action="append", default=[], metavar="K=V",
                         help="compressor parameter; V is parsed as JSON when it can be, else kept as a string")
-    parser.add_argument("--budget", type=int, required=True, help="token budget of the final render")
-    parser.add_argument("--reserve-tokens", type=int, default=0, help="tokens of the budget kept for the response")
+    parser.add_argument("--budget", type=positive_int, required=True, help="token budget of the final render")
+    parser.add_argument("--reserve-tokens", type=non_negative_int, default=0, help="tokens of the budget kept for the response")
     parser.add_argument("--no-detect-pins", action="store_true", help="turn off the constraint-rules-v1 detector")
     which = parser.add_mutually_exclusive_group()
-    which.add_argument("--step", type=int, default=None, metavar="K",
+    which.add_argument("--step", type=non_negative_int, default=None, metavar="K",
                        help="build only before assistant turn K (0-based; default: the next turn after the log)")
     which.add_argument("--all-steps", action="store_true", help="build at every decision point")
     parser.add_argument("--write", action="store_true",
@@ -84,9 +85,9 @@ def decision_points(events) -> list[int]:
 
 
 def _build(args: argparse.Namespace) -> int:
-    from ctxkit.builder import ContextBuilder, MemoryLog
+    from ctxkit.builder import ContextBuilder
     from ctxkit.events import Compaction, EpisodeEnd
-    from ctxkit.log import EventLog, read_events
+    from ctxkit.log import EventLog, MemoryLog, read_events
 
     builder = ContextBuilder(args.tokenizer, args.template, args.compressor, args.budget,
                              params=parse_params(args.param), detect_pins=not args.no_detect_pins,
@@ -94,7 +95,10 @@ def _build(args: argparse.Namespace) -> int:
     if args.write:
         if args.all_steps or args.step is not None:
             raise ConfigError("--write builds only the next turn of the log (it is append-only); drop --step/--all-steps")
-        log = EventLog.open(args.log)
+        try:
+            log = EventLog.open(args.log)
+        except OSError as exc:  # e.g. a read-only file: say so instead of a traceback
+            raise ConfigError(f"--write {args.log}: cannot open the log for appending: {exc.strerror or exc}") from None
         try:
             _emit(args, 0, len(log.events()), builder.build(log))
         finally:

@@ -68,17 +68,23 @@ def register_import(subparsers) -> None:
 
 
 def _import(args: argparse.Namespace) -> int:
+    from ctxkit.commands.outputs import atomic_output, check_output
+    from ctxkit.errors import ConfigError
     from ctxkit.log import EventLog, import_conversation, load_conversation
 
+    output = check_output(args.output, "-o", probe=True)
+    if output.exists():
+        raise ConfigError(f"-o {output}: already exists; the log to create must be a new file")
     obj = load_conversation(args.file)
     try:
         events = import_conversation(obj)
     except MessageFormatError as exc:
         raise MessageFormatError(f"{args.file}: {exc}") from None
-    with EventLog.create(args.output, episode_id=args.episode_id) as log:
-        events[0] = dataclasses.replace(events[0], episode_id=log.episode_id)
-        log.extend(events)
-        print(f"wrote {len(log)} events to {log.path} (episode {log.episode_id})")
+    with atomic_output(output, "-o", replace=False) as tmp:  # the log appears whole or not at all
+        with EventLog.create(tmp, episode_id=args.episode_id) as log:
+            events[0] = dataclasses.replace(events[0], episode_id=log.episode_id)
+            log.extend(events)
+    print(f"wrote {len(events)} events to {output} (episode {log.episode_id})")
     return 0
 
 

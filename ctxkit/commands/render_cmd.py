@@ -3,33 +3,19 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
-ROLE_STYLES = {
-    "system": "magenta",
-    "user": "green",
-    "assistant": "cyan",
-    "tool": "yellow",
-    "scaffold": "grey50",
-    "generation_prompt": "blue",
-}
-"""rich style per token role in `ctxkit inspect`."""
-
-
-def shared_dir() -> Path:
-    """The shared fixtures folder: `$CTXKIT_SHARED`, else `shared/` beside the repository."""
-    env = os.environ.get("CTXKIT_SHARED")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[2].parent / "shared"
+from ctxkit.commands.argtypes import non_negative_int
+from ctxkit.commands.token_view import LEGEND, ROLE_STYLES, print_tokens
 
 
 def default_tokenizer() -> tuple[str, str | None]:
     """`(tokenizer spec, template spec)` used when none is given: the shared Qwen2.5 tokenizer with its own
     template, else `tiktoken:o200k_base` with `chatml-tools-v1`."""
+    from ctxkit.tokenizers import shared_dir
+
     qwen = shared_dir() / "tokenizers" / "qwen2.5-instruct"
     if qwen.is_dir():
         return str(qwen), None
@@ -44,33 +30,39 @@ def bundled_example() -> Path:
 
 
 def load_messages(path: str | Path) -> tuple[list[dict], list[dict] | None]:
-    """Messages and tools from a conversation JSON (`{"messages", "tools"}` or a bare list) or a `.jsonl` log."""
+    """Messages and tools from a conversation JSON (`{"messages", "tools"}` or a bare list) or a `.jsonl` log.
+
+    A conversation JSON is validated exactly as `ctxkit import` validates it (`import_conversation`), and
+    must hold at least one message; errors are `MessageFormatError`s naming the file and the message."""
     from ctxkit.errors import MessageFormatError
 
     path = Path(path)
     if path.suffix == ".jsonl":
         from ctxkit.events import Message, Step, ToolResult
-        from ctxkit.log import EventLog, export_conversation, export_messages
+        from ctxkit.log import export_conversation, export_messages, read_events
 
-        log = EventLog.open(path)
-        messages = export_messages(log)
+        events = read_events(path)  # read only: no lock file, no write handle on an input
+        messages = export_messages(events)
         # sampled steps keep their token ids (token-in-token-out); export_messages lists one message per
         # Message, Step and ToolResult event, in order
-        chat_events = [e for e in log.events() if isinstance(e, (Message, Step, ToolResult))]
-        if len(chat_events) == len(messages):
-            for event, message in zip(chat_events, messages):
-                if isinstance(event, Step) and event.token_ids:
-                    message["token_ids"] = list(event.token_ids)
-        tools = export_conversation(log).get("tools") or None
-        return messages, tools
-    from ctxkit.log import load_conversation
+        chat_events = [e for e in events if isinstance(e, (Message, Step, ToolResult))]
+        for event, message in zip(chat_events, messages):
+            if isinstance(event, Step) and event.token_ids:
+                message["token_ids"] = list(event.token_ids)
+        if not messages:
+            raise MessageFormatError(f"{path}: the log holds no messages to render")
+        return messages, export_conversation(events).get("tools") or None
+    from ctxkit.log import import_conversation, load_conversation
 
     obj = load_conversation(path)
-    if isinstance(obj, list):
-        return obj, None
-    if isinstance(obj, dict) and isinstance(obj.get("messages"), list):
-        return obj["messages"], obj.get("tools") or None
-    raise MessageFormatError(f'{path}: expected {{"messages": [...], "tools": [...]}} or a list of messages')
+    try:
+        import_conversation(obj)  # the one validator of conversations (same errors as `ctxkit import`)
+    except MessageFormatError as exc:
+        raise MessageFormatError(f"{path}: {exc}") from None
+    messages, tools = (obj, None) if isinstance(obj, list) else (obj["messages"], obj.get("tools") or None)
+    if not messages:
+        raise MessageFormatError(f"{path}: the conversation holds no messages to render")
+    return messages, tools
 
 
 def _resolve(args: argparse.Namespace):
@@ -86,14 +78,14 @@ def _resolve(args: argparse.Namespace):
 
 
 def _render(args: argparse.Namespace):
-    from ctxkit.errors import CtxkitError
+    from ctxkit.errors import MessageFormatError, RenderError
     from ctxkit.rendering import render
 
     messages, tools = load_messages(args.file)
     tok, tpl = _resolve(args)
     try:
         return render(messages, tok, tpl, tools=tools, add_generation_prompt=args.add_generation_prompt), tok
-    except CtxkitError as exc:
+    except (MessageFormatError, RenderError) as exc:
         raise type(exc)(f"{args.file}: {exc}") from None
 
 
@@ -149,35 +141,8 @@ def register_inspect(subparsers) -> None:
         description="Show a rendered conversation in the terminal: tokens colored by role, loss-masked tokens "
                     "bold and underlined, special tokens boxed, and a per-role token count.")
     _add_common(parser, file_required=False)
-    parser.add_argument("--max-tokens", type=int, default=None, metavar="N", help="show only the first N tokens")
+    parser.add_argument("--max-tokens", type=non_negative_int, default=None, metavar="N", help="show only the first N tokens")
     parser.set_defaults(func=_inspect_main)
-
-
-def token_texts(tok, ids) -> list[str]:
-    """Text of each token, decoded in context (keeps Metaspace word spaces; multi-token characters are
-    shown on their first token)."""
-    out: list[str] = []
-    prev_text = ""
-    prev_id = None
-    i = 0
-    n = len(ids)
-    while i < n:
-        j = i + 1
-        while True:
-            if prev_id is None:
-                piece = tok.decode(ids[i:j])
-            else:
-                both = tok.decode([prev_id, *ids[i:j]])
-                piece = both[len(prev_text):] if both.startswith(prev_text) else tok.decode(ids[i:j])
-            if "\ufffd" not in piece or j - i >= 4 or j >= n:
-                break
-            j += 1
-        out.append(piece)
-        out.extend([""] * (j - i - 1))
-        prev_id = ids[j - 1]
-        prev_text = tok.decode([prev_id])
-        i = j
-    return out
 
 
 def _inspect_main(args: argparse.Namespace) -> int:
@@ -190,26 +155,8 @@ def _inspect_main(args: argparse.Namespace) -> int:
     if args.file is None:
         args.file = str(bundled_example())
     ctx, tok = _render(args)
-    ids = ctx.token_ids if args.max_tokens is None else ctx.token_ids[: args.max_tokens]
-    specials = set(tok.special_tokens.values())
-    text = Text()
-    for tid, piece, role, masked in zip(ids, token_texts(tok, list(ids)), ctx.roles, ctx.loss_mask):
-        style = ROLE_STYLES.get(role, "")
-        if masked:
-            style += " bold underline"
-        if tid in specials:
-            text.append(piece, style=style + " reverse")
-            continue
-        parts = piece.split("\n")
-        for k, part in enumerate(parts):
-            if k:
-                text.append("↵", style="grey42")
-                text.append("\n")
-            text.append(part, style=style)
     console = Console(highlight=False)
-    console.print(text)
-    if args.max_tokens is not None and len(ctx.token_ids) > args.max_tokens:
-        console.print(f"[grey50]... {len(ctx.token_ids) - args.max_tokens} more tokens[/]")
+    print_tokens(console, tok, ctx.token_ids, ctx.roles, ctx.loss_mask, args.max_tokens)
     counts = Counter(ctx.roles)
     masked = Counter(r for r, m in zip(ctx.roles, ctx.loss_mask) if m)
     table = Table(title=f"{Path(args.file).name}: {len(ctx.token_ids)} tokens", title_justify="left")
@@ -224,5 +171,5 @@ def _inspect_main(args: argparse.Namespace) -> int:
     console.print(f"tokenizer {ctx.tokenizer_id}  ·  template {ctx.template_id}  ·  "
                   f"prefix-preserving {'yes' if ctx.prefix_preserving else 'no'}  ·  drifts {len(ctx.drifts)}")
     console.print(f"hash {ctx.hash}")
-    console.print("[grey50]bold underline = loss mask 1 (tokens the policy produces); reversed = special token[/]")
+    console.print(LEGEND)
     return 0

@@ -7,6 +7,9 @@ import json
 import sys
 from typing import Any
 
+from ctxkit.commands.argtypes import non_negative_int
+from ctxkit.commands.token_view import LEGEND, ROLE_STYLES, print_tokens
+
 
 def register_replay(subparsers: Any) -> None:
     """Add `ctxkit replay`."""
@@ -24,7 +27,7 @@ def register_replay(subparsers: Any) -> None:
     p.add_argument("--template", help="template spec to use instead of the recorded one (its id must match)")
     p.add_argument("--allow-hash-mismatch", action="store_true",
                    help="replay even when the tokenizer/template id differs from the recorded one")
-    p.add_argument("--max-tokens", type=int, default=None, metavar="N", help="with --step: show only the first N tokens")
+    p.add_argument("--max-tokens", type=non_negative_int, default=None, metavar="N", help="with --step: show only the first N tokens")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_replay)
 
@@ -86,26 +89,9 @@ def _show_context(ctx: Any, tokenizer: Any, max_tokens: int | None) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from ctxkit.commands.render_cmd import ROLE_STYLES, token_texts
-
     rendered = ctx.rendered
-    ids = list(ctx.token_ids if max_tokens is None else ctx.token_ids[:max_tokens])
-    specials = set(tokenizer.special_tokens.values())
-    text = Text()
-    for tid, piece, role, masked in zip(ids, token_texts(tokenizer, ids), rendered.roles, ctx.loss_mask):
-        style = ROLE_STYLES.get(role, "") + (" bold underline" if masked else "")
-        if tid in specials:
-            text.append(piece, style=style + " reverse")
-            continue
-        for k, part in enumerate(piece.split("\n")):
-            if k:
-                text.append("↵", style="grey42")
-                text.append("\n")
-            text.append(part, style=style)
     console = Console(highlight=False)
-    console.print(text)
-    if max_tokens is not None and len(ctx.token_ids) > max_tokens:
-        console.print(f"[grey50]... {len(ctx.token_ids) - max_tokens} more tokens[/]")
+    print_tokens(console, tokenizer, ctx.token_ids, rendered.roles, ctx.loss_mask, max_tokens)
     table = Table(title=f"{ctx.n_tokens} tokens, {len(ctx.view.messages)} messages", title_justify="left")
     for col in ("#", "role", "how", "events", "tokens", "loss-masked"):
         table.add_column(col, justify="right" if col in ("#", "tokens", "loss-masked") else "left")
@@ -119,7 +105,11 @@ def _show_context(ctx: Any, tokenizer: Any, max_tokens: int | None) -> None:
     console.print("tokens by role: " + ", ".join(f"{r} {counts[r]}" for r in ROLE_STYLES if counts.get(r)))
     console.print(f"tokenizer {rendered.tokenizer_id}  ·  template {rendered.template_id}  ·  drifts {len(rendered.drifts)}")
     console.print(f"hash {ctx.hash}")
-    console.print("[grey50]bold underline = loss mask 1 (tokens the policy produced); reversed = special token[/]")
+    console.print(LEGEND)
+
+
+SAMPLE_SUFFIXES = (".parquet", ".jsonl", ".ndjson")
+"""Output suffixes `ctxkit samples -o` writes (Parquet, or JSON lines)."""
 
 
 def register_samples(subparsers: Any) -> None:
@@ -140,15 +130,29 @@ def register_samples(subparsers: Any) -> None:
 
 def _samples(args: argparse.Namespace) -> int:
     from ctxkit.audit import find_logs
+    from ctxkit.commands.outputs import atomic_output, check_output
+    from ctxkit.errors import ConfigError, ReplayError
     from ctxkit.export import write_samples
     from ctxkit.training_samples import samples
 
-    logs, _ = find_logs(args.logs)
+    out = check_output(args.output, "-o", probe=True)
+    if out.suffix.lower() not in SAMPLE_SUFFIXES:
+        raise ConfigError(f"-o {args.output}: unknown format {out.suffix or '(no suffix)'}; use .parquet or .jsonl")
+    logs, skipped = find_logs(args.logs)
+    if not logs:
+        found = f" (only {len(skipped)} other .jsonl file(s), not ctxkit logs)" if skipped else ""
+        raise ConfigError(f"no episode logs found in {', '.join(args.logs)}{found}")
     rows = []
     for path in logs:
-        rows += samples(str(path), tokenizer=args.tokenizer, template=args.template)
-    out = write_samples(rows, args.output, inline_prefixes=args.inline_prefixes)
+        try:
+            rows += samples(str(path), tokenizer=args.tokenizer, template=args.template)
+        except (ConfigError, ReplayError) as exc:  # name the log unless the message already does
+            if type(exc) not in (ConfigError, ReplayError) or str(exc).startswith(str(path)):
+                raise
+            raise type(exc)(f"{path}: {exc}") from None
+    with atomic_output(args.output, "-o") as tmp:
+        write_samples(rows, tmp, inline_prefixes=args.inline_prefixes)
     n_tok = sum(len(s.token_ids) for s in rows)
     n_loss = sum(s.n_sampled for s in rows)
-    print(f"{out}: {len(rows)} samples from {len(logs)} log(s), {n_tok} tokens, {n_loss} loss-bearing")
+    print(f"{args.output}: {len(rows)} samples from {len(logs)} log(s), {n_tok} tokens, {n_loss} loss-bearing")
     return 0
