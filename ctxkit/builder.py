@@ -24,6 +24,7 @@ from ctxkit.compress import make_compressor
 from ctxkit.compress.base import CompressionRequest, Compressor, CompressorSpec
 from ctxkit.errors import BudgetError, ConfigError, InvariantError, LogFormatError, PinViolationError, ReplayError
 from ctxkit.events import Compaction, EpisodeStart, Event, Pin, Unpin
+from ctxkit.log import MemoryLog as MemoryLog  # its home is ctxkit.log; kept importable from here
 from ctxkit.pins import RULESET, detect_constraints
 from ctxkit.view import Provenance, View, ViewMessage, ViewState, apply_edits, build_view, find_orphans, make_view
 
@@ -373,63 +374,4 @@ class _RenderCache:
             self._cache[view.hash] = out
             while len(self._cache) > self.size:
                 self._cache.popitem(last=False)
-        return out
-
-
-class MemoryLog:
-    """An in-memory stand-in for `EventLog` (events, append, extend), for what-if builds that must not
-    touch a user's log and for generated test episodes. Ids are deterministic (`e<seq>-<8 hex of the
-    event's JSON>`), so two identical runs give identical logs; events round-trip through JSON exactly
-    as a file log returns them."""
-
-    def __init__(self, events: Sequence[Event] = ()) -> None:
-        self._events: list[Event] = list(events)
-        self._cache: tuple[Event, ...] | None = None
-
-    def events(self) -> tuple[Event, ...]:
-        """Every event, in order."""
-        if self._cache is None:
-            self._cache = tuple(self._events)
-        return self._cache
-
-    def __len__(self) -> int:
-        return len(self._events)
-
-    def __iter__(self):
-        return iter(self.events())
-
-    def adopt(self, events: Sequence[Event]) -> None:
-        """Add events recorded elsewhere, keeping their ids (seq renumbered to the position here), e.g. a
-        copy of a file log for a what-if build."""
-        import dataclasses
-
-        for event in events:
-            self._events.append(dataclasses.replace(event, seq=len(self._events)))
-        self._cache = None
-
-    def append(self, event: Event) -> Event:
-        """Record one event (fills seq, id, ts) and return the recorded copy."""
-        return self.extend([event])[0]
-
-    def extend(self, events: Sequence[Event]) -> list[Event]:
-        """Record several events."""
-        import dataclasses
-        import hashlib
-
-        import orjson
-
-        from ctxkit.events import event_from_dict, event_to_dict
-
-        out = []
-        for event in events:
-            if event.seq is not None or event.id is not None:
-                raise ConfigError(f"{event.kind} event already has seq={event.seq!r}, id={event.id!r}; append new events")
-            seq = len(self._events)
-            body = orjson.dumps(event_to_dict(dataclasses.replace(event, ts=0.0)), option=orjson.OPT_SORT_KEYS)
-            filled = dataclasses.replace(event, seq=seq, id=f"e{seq}-{hashlib.sha256(body).hexdigest()[:8]}",
-                                         ts=event.ts if event.ts is not None else 0.0)
-            recorded = event_from_dict(orjson.loads(orjson.dumps(event_to_dict(filled))))
-            self._events.append(recorded)
-            out.append(recorded)
-        self._cache = None
         return out

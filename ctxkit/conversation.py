@@ -4,21 +4,32 @@ A conversation is `{"messages": [...], "tools": [...], "pins": [...]}` (other to
 bare message list. Import validates it (unknown role, tool message answering no earlier call, unsupported
 content) and export gives it back unchanged: the round trip is lossless for messages in the OpenAI shape.
 
-L1: imports only L0 (`events`, `errors`). `ctxkit.log` re-exports these names.
+L1: imports only L0 (`events`, `errors`); `ctxkit.log` imports this module and re-exports these names, never
+the other way round (a log is typed here by the `HasEvents` protocol).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import Any, Mapping, Protocol, Sequence, Union
 
 import orjson
 
 from ctxkit.errors import LogFormatError, MessageFormatError
 from ctxkit.events import EpisodeStart, Event, Message, Pin, Step, ToolResult, Unpin, message_from_openai, message_to_openai
 
-if TYPE_CHECKING:  # pragma: no cover
-    from ctxkit.log import EventLog
+
+class HasEvents(Protocol):
+    """Anything that lists its events in order, e.g. an `EventLog` or a `MemoryLog` (typed by this protocol
+    rather than by importing `ctxkit.log`, which imports this module: no import cycle)."""
+
+    def events(self) -> Sequence[Event]:
+        """Every event, in order."""
+        ...
+
+
+EventSource = Union[HasEvents, Sequence[Event]]
+"""A log (`HasEvents`) or a sequence of events."""
 
 
 def import_conversation(obj: Any, *, episode_id: str = "") -> list[Event]:
@@ -68,18 +79,18 @@ def import_conversation(obj: Any, *, episode_id: str = "") -> list[Event]:
     return out
 
 
-def _events_of(events: Any) -> Sequence[Event]:
-    """An `EventLog` (anything with an `events()` method) or a sequence of events -> the events."""
+def _events_of(events: EventSource) -> Sequence[Event]:
+    """A log (anything with an `events()` method) or a sequence of events -> the events."""
     method = getattr(events, "events", None)
     return method() if callable(method) else events
 
 
-def export_messages(events: "EventLog | Sequence[Event]") -> list[dict[str, Any]]:
+def export_messages(events: EventSource) -> list[dict[str, Any]]:
     """The OpenAI message list of a log: every `Message`, `Step` (as assistant) and `ToolResult` (as tool)."""
     return [message_to_openai(e) for e in _events_of(events) if isinstance(e, (Message, Step, ToolResult))]
 
 
-def export_conversation(events: "EventLog | Sequence[Event]") -> dict[str, Any]:
+def export_conversation(events: EventSource) -> dict[str, Any]:
     """`{"messages", "tools", "pins"}` plus the top-level keys an import kept; the inverse of
     `import_conversation`. Pins are those in force at the end: a plain string where re-importing would give
     the same id (`pin-<index>`), else `{"pin_id", "text"}`."""

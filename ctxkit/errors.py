@@ -18,6 +18,19 @@ class MessageFormatError(CtxkitError, ValueError):
     """A chat message is malformed: unknown role, unsupported content type, tool result without a call."""
 
 
+class EventFormatError(CtxkitError, ValueError):
+    """An event field holds a value outside its closed vocabulary (e.g. `EpisodeEnd.reward_kind`).
+
+    `kind`, `field`, `value` and `allowed` say which event kind, which field, what was given and what is allowed."""
+
+    def __init__(self, kind: str, field: str, value: object, allowed: tuple):
+        super().__init__(f"{kind} event: {field}={value!r} is not one of {list(allowed)}")
+        self.kind, self.field, self.value, self.allowed = kind, field, value, tuple(allowed)
+
+    def __reduce__(self):
+        return type(self), (self.kind, self.field, self.value, self.allowed)
+
+
 class LogFormatError(CtxkitError):
     """An event log is malformed or corrupt. `path` and `line` (1-based) say where, when known."""
 

@@ -6,6 +6,12 @@ shape (role, content, tool_calls with id/name/arguments, tool messages with tool
 Every event carries `seq` (0-based position in the log), `id` and `ts` (unix seconds). They are `None`
 on an event you build; `EventLog.append` fills them in and returns the recorded copy.
 
+Fields with a closed vocabulary are checked when an event is built (`__post_init__`), so a bad value never
+reaches a log: `Message.role` (`ROLES`), `Step.logprob_kind` (`LOGPROB_KINDS` or None), `Step.finish_reason`
+(`FINISH_REASONS` or None), `ToolResult.status` (`TOOL_STATUSES`), `EpisodeEnd.outcome` (`END_OUTCOMES`) and
+`EpisodeEnd.reward_kind` (`REWARD_KINDS`). A bad value is an `EventFormatError` naming the field, the value
+and the allowed ones; `event_from_dict` turns it into a `LogFormatError` (the log reader adds file and line).
+
 L0: imports nothing from ctxkit but `errors`.
 """
 
@@ -15,21 +21,33 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping, Union
 
-from ctxkit.errors import LogFormatError, MessageFormatError
+from ctxkit.errors import EventFormatError, LogFormatError, MessageFormatError
 
 SCHEMA_VERSION = 1
 """Version of the event schema written in every log header."""
 
 Role = Literal["system", "user", "assistant", "tool"]
-ROLES: tuple[str, ...] = ("system", "user", "assistant", "tool")
+ROLES: tuple[str, ...] = Role.__args__  # type: ignore[attr-defined]
 
 LogprobKind = Literal["raw", "processed", "recomputed"]
 """Which distribution a log-prob is from: `raw` model softmax at temperature 1, `processed` after the
 sampling transforms (temperature, top-k/top-p/min-p) that sampling actually used, `recomputed` by a
 trainer's forward pass."""
 
+LOGPROB_KINDS: tuple[str, ...] = LogprobKind.__args__  # type: ignore[attr-defined]
+
+FinishReason = Literal["stop", "length", "tool_calls", "content_filter", "function_call", "abort", "error"]
+"""Why sampling stopped, in the OpenAI/vLLM vocabulary: `stop` (end of turn, EOS or a stop string), `length`
+(max tokens), `tool_calls` (OpenAI chat: the turn ends in tool calls), `content_filter`, `function_call`
+(OpenAI's deprecated form of `tool_calls`), `abort` (vLLM/SGLang: the request was cancelled, or the client
+gave up, e.g. a timeout), `error` (vLLM: the engine failed mid-request). An engine speaking another dialect
+(Anthropic `end_turn`/`max_tokens`, TGI `eos_token`) must be mapped onto these by the agent that calls it."""
+FINISH_REASONS: tuple[str, ...] = FinishReason.__args__  # type: ignore[attr-defined]
+
 ToolStatus = Literal["ok", "error", "timeout"]
+TOOL_STATUSES: tuple[str, ...] = ToolStatus.__args__  # type: ignore[attr-defined]
 EndOutcome = Literal["terminated", "truncated"]
+END_OUTCOMES: tuple[str, ...] = EndOutcome.__args__  # type: ignore[attr-defined]
 RewardKind = Literal[
     "scored",
     "unscored",
@@ -43,6 +61,13 @@ REWARD_KINDS: tuple[str, ...] = RewardKind.__args__  # type: ignore[attr-defined
 
 Content = Union[str, tuple[Mapping[str, Any], ...], None]
 """Message content: a string, a tuple of text parts `{"type": "text", "text": ...}`, or None."""
+
+
+def check_choice(kind: str, field_name: str, value: Any, allowed: tuple, *, optional: bool = False) -> None:
+    """`EventFormatError` unless `value` is one of `allowed` (or None when `optional`)."""
+    if (value is None and optional) or (type(value) is str and value in allowed):
+        return
+    raise EventFormatError(kind, field_name, value, ((None,) if optional else ()) + tuple(allowed))
 
 
 @dataclass(frozen=True)
@@ -119,6 +144,9 @@ class Message(EventBase):
     extra: Mapping[str, Any] = field(default_factory=dict)
     """Other keys of the original message, kept so import/export round-trips losslessly."""
 
+    def __post_init__(self) -> None:
+        check_choice(self.kind, "role", self.role, ROLES)
+
 
 @dataclass(frozen=True, kw_only=True)
 class Step(EventBase):
@@ -141,8 +169,8 @@ class Step(EventBase):
     """Sampling config used: temperature, top_p, top_k, min_p, max_tokens, seed."""
     policy_version: str | int | None = None
     """Version of the weights that sampled (a training step or checkpoint id)."""
-    finish_reason: str | None = None
-    """Engine finish reason: `stop`, `length`, `tool_calls`, `abort`."""
+    finish_reason: FinishReason | None = None
+    """Engine finish reason (see `FinishReason`): `stop`, `length`, `tool_calls`, `abort`, ..."""
     content: Content = None
     """Text content of the assistant message the tokens decode to."""
     tool_calls: tuple[ToolCall, ...] = ()
@@ -151,6 +179,10 @@ class Step(EventBase):
     """Reasoning text parsed from the sampled tokens, if any."""
     timings: Mapping[str, float] = field(default_factory=dict)
     """Seconds spent: `build`, `prefill`, `decode`, ... (free-form keys)."""
+
+    def __post_init__(self) -> None:
+        check_choice(self.kind, "logprob_kind", self.logprob_kind, LOGPROB_KINDS, optional=True)
+        check_choice(self.kind, "finish_reason", self.finish_reason, FINISH_REASONS, optional=True)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -165,8 +197,12 @@ class ToolResult(EventBase):
     content: Content = None
     """The tool output as given to the policy."""
     status: ToolStatus = "ok"
+    """`ok`, `error` (the tool failed; `content` says how) or `timeout`."""
     duration_s: float | None = None
     """Wall time the tool took."""
+
+    def __post_init__(self) -> None:
+        check_choice(self.kind, "status", self.status, TOOL_STATUSES)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -238,6 +274,10 @@ class EpisodeEnd(EventBase):
     """Where the reward comes from, so equal numbers with different meanings stay distinguishable."""
     scores: Mapping[str, Any] = field(default_factory=dict)
     """Scorer details (quality, violations, ...)."""
+
+    def __post_init__(self) -> None:
+        check_choice(self.kind, "outcome", self.outcome, END_OUTCOMES)
+        check_choice(self.kind, "reward_kind", self.reward_kind, REWARD_KINDS)
 
 
 Event = Union[EpisodeStart, Message, Step, ToolResult, Pin, Unpin, Compaction, StateSnapshot, EpisodeEnd]
@@ -336,6 +376,8 @@ def event_from_dict(data: Mapping[str, Any], *, where: str = "event") -> Event:
         kwargs[key] = value
     try:
         return cls(**kwargs)
+    except EventFormatError as exc:
+        raise LogFormatError(f"{where}: {exc}") from None
     except TypeError as exc:  # pragma: no cover - guarded by the field check above
         raise LogFormatError(f"{where}: {exc}") from exc
 

@@ -1,8 +1,17 @@
 """The episode log: append-only JSONL (orjson), hash-chained, crash-safe, shared safely between processes.
 
-`EventLog` writes; `ctxkit.logfile` defines the file format (a header line, then one hash-chained line
-per event) and the whole-file tools `verify`, `repair`, `read_events`, `read_header`; `ctxkit.conversation`
-converts OpenAI conversations. Both are re-exported here, so `ctxkit.log` is the one place to import from.
+`EventLog` writes a file; `MemoryLog` is the same log kept in memory (what-if builds, generated episodes).
+Both number and name events with one sequencer (`stamp`), so the same events get the same `seq`, ids and
+recorded copies in either. `ctxkit.logfile` defines the file format (a header line, then one hash-chained
+line per event) and the whole-file tools `verify`, `repair`, `read_events`, `read_header`;
+`ctxkit.conversation` converts OpenAI conversations. Both are re-exported here, so `ctxkit.log` is the one
+place to import from.
+
+Ids. An event's id is `e<seq>-<8 hex>` of its own content and position (`events.event_id`), measured times
+(`ts`, step timings, tool durations) left out. It is not chained to the events before it: a chained id
+would take in every earlier event's wall-clock `ts` (the line hash covers it), so a re-run, a resumed
+episode or an in-memory what-if build could never reproduce it, and placeholders that name event ids
+(masked tool output) would render to other tokens. Order and integrity are the file's hash chain's job.
 
 Writes. Each append is one `write` of whole lines on an O_APPEND descriptor; a crash can only leave a torn
 last line, detected on open. Durability: `always` fsyncs every append, `batch` every `extend`/`flush` and
@@ -10,6 +19,7 @@ the close, `none` never.
 
 Concurrency. Every append takes `filelock.FileLock(<path>.lock)` and first reads the lines other
 processes appended since our last read (checking their chain), so `seq` stays dense and the chain valid.
+Only writing takes that lock: opening, reading and refreshing create no `.lock` file (see `ctxkit.logfile`).
 
 L1: imports L0 (`events`, `errors`), `logfile` and `conversation`.
 """
@@ -40,29 +50,104 @@ from ctxkit.logfile import (
     VerifyReport,
     checked_scan,
     dumps_checked,
+    canonical,
+    check_line,
     fsync_dir,
     line_hash,
-    check_line,
-    locked_if_possible,
     read_events,
     read_header,
+    read_lock,
     read_log_bytes,
+    read_settled,
     repair,
     repair_tail,
     torn_problem,
     verify,
+    write_lock,
 )
 
 DURABILITY_MODES: tuple[str, ...] = ("always", "batch", "none")
 """`always`: fsync after every append. `batch`: fsync per `extend`/`flush` and at close. `none`: never."""
 
 _EVENT_CLASSES = tuple(EVENT_TYPES.values())
-__all__ = ["DURABILITY_MODES", "HEADER_KEY", "EventLog", "Problem", "RepairReport", "VerifyReport",
+__all__ = ["DURABILITY_MODES", "HEADER_KEY", "EventLog", "MemoryLog", "Problem", "RepairReport", "VerifyReport",
            "export_conversation", "export_messages", "import_conversation", "load_conversation", "read_events",
-           "read_header", "repair", "verify"]
+           "read_header", "repair", "stamp", "verify"]
 
 
-# ---------------------------------------------------------------------------------------------- the log
+# ---------------------------------------------------------------------------------------------- sequencing
+
+
+def stamp(events: Iterable[Event], first_seq: int, ts: float) -> list[tuple[Event, dict[str, Any], bytes]]:
+    """The one sequencer of `EventLog` and `MemoryLog`: check each new event (an event type, `seq` and `id`
+    still None, JSON-able and finite), give it `seq` (from `first_seq`), its id (`events.event_id`) and `ts`
+    (unless it has one). Returns `(recorded copy, its dict, its JSON line body)` per event; the recorded copy
+    is the JSON round trip, exactly what a reader of the file gets back. `ConfigError` names the event."""
+    out = []
+    for i, event in enumerate(events):
+        if not isinstance(event, _EVENT_CLASSES):
+            raise ConfigError(f"event {i}: {type(event).__name__} is not an event type {sorted(EVENT_TYPES)}")
+        if event.seq is not None or event.id is not None:
+            raise ConfigError(f"event {i} ({event.kind}) already has seq={event.seq!r}, id={event.id!r}; "
+                              "append events you built (seq and id None), not recorded ones")
+        seq = first_seq + len(out)
+        dumps_checked(event_to_dict(event), f"event {seq} ({event.kind})")  # typed error before hashing
+        filled = dataclasses.replace(event, seq=seq, id=event_id(event, seq),
+                                     ts=event.ts if event.ts is not None else ts)
+        as_dict = event_to_dict(filled)
+        body = orjson.dumps(as_dict)  # the caller's key order (tool schemas render in that order)
+        out.append((event_from_dict(orjson.loads(body)), as_dict, body))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- the logs
+
+
+class MemoryLog:
+    """A log kept in memory, with `EventLog`'s reading and appending face (`events`, `append`, `extend`,
+    `len`, iteration) and its sequencer (`stamp`): the same events get the same seq, ids and recorded copies
+    as in a file log, so a what-if build (`ctxkit build` without `--write`) renders what a recorded one
+    does. For builds that must not touch a user's log, and for generated episodes. `ts` is 0.0 unless an
+    event gives one (no wall clock: two identical runs give identical logs; ids ignore `ts` anyway)."""
+
+    def __init__(self, events: Iterable[Event] = ()) -> None:
+        """Start from already recorded `events` (kept as they are), or empty."""
+        self._events: list[Event] = list(events)
+        self._cache: tuple[Event, ...] | None = None
+
+    def events(self) -> tuple[Event, ...]:
+        """Every event, in order."""
+        if self._cache is None:
+            self._cache = tuple(self._events)
+        return self._cache
+
+    def __len__(self) -> int:
+        return len(self._events)
+
+    def __iter__(self) -> Iterator[Event]:
+        return iter(self.events())
+
+    def __repr__(self) -> str:
+        return f"MemoryLog(events={len(self._events)})"
+
+    def adopt(self, events: Iterable[Event]) -> None:
+        """Add events recorded elsewhere, keeping their ids (seq renumbered to the position here), e.g. a
+        file log's events without its compactions, for a what-if build."""
+        for event in events:
+            self._events.append(dataclasses.replace(event, seq=len(self._events)))
+        self._cache = None
+
+    def append(self, event: Event) -> Event:
+        """Record one event (fills seq, id, ts) and return the recorded copy."""
+        return self.extend([event])[0]
+
+    def extend(self, events: Iterable[Event]) -> list[Event]:
+        """Record several events (all or none); returns the recorded copies."""
+        recorded = [r for r, _, _ in stamp(events, len(self._events), 0.0)]
+        self._events.extend(recorded)
+        self._cache = None
+        return recorded
+
 
 
 class EventLog:
@@ -142,13 +227,15 @@ class EventLog:
         crashed writer leaves before one of our appends."""
         cls._check_durability(durability)
         path = Path(path)
-        with locked_if_possible(path):
-            scan = checked_scan(path, read_log_bytes(path))
-            if scan.torn:
-                if not repair:
-                    raise torn_problem(scan, path).error(path)
-                repair_tail(path, scan)
+        scan = checked_scan(path, read_settled(path))
+        if scan.torn:
+            if not repair:
+                raise torn_problem(scan, path).error(path)
+            with write_lock(path):  # repairing writes: the writers' lock
                 scan = checked_scan(path, read_log_bytes(path))
+                if scan.torn:
+                    repair_tail(path, scan)
+                    scan = checked_scan(path, read_log_bytes(path))
         return cls(path, scan.header, scan, durability, repair)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ reading
@@ -179,8 +266,13 @@ class EventLog:
     def refresh(self) -> tuple[Event, ...]:
         """Read events other processes appended since our last read; returns all events."""
         self._check_open()
-        with self._mutex, self._lock:
-            self._sync_tail()
+        with self._mutex:
+            if self._sync_tail(torn_ok=True):  # a line in flight, or a crashed writer's torn line
+                with read_lock(self.path):
+                    torn = self._sync_tail(torn_ok=True)
+                if torn:  # no writer mid-line: raise it, or repair it (a write, under the writers' lock)
+                    with self._lock:
+                        self._sync_tail()
         return self.events()
 
     # ------------------------------------------------------------------ writing
@@ -228,28 +320,16 @@ class EventLog:
 
     def _write(self, events: list[Event], *, sync: bool) -> list[Event]:
         self._check_open()
-        for i, event in enumerate(events):
-            if not isinstance(event, _EVENT_CLASSES):
-                raise ConfigError(f"event {i}: {type(event).__name__} is not an event type {sorted(EVENT_TYPES)}")
-            if event.seq is not None or event.id is not None:
-                raise ConfigError(f"event {i} ({event.kind}) already has seq={event.seq!r}, id={event.id!r}; "
-                                  "append events you built (seq and id None), not recorded ones")
         with self._mutex, self._lock:
             self._sync_tail()
-            seq, prev, now = len(self._events), self._last_hash, time.time()
-            lines, recorded = [], []
-            for event in events:
-                dumps_checked(event_to_dict(event), f"event {seq} ({event.kind})")  # typed error before hashing
-                filled = dataclasses.replace(event, seq=seq, id=event_id(event, seq),
-                                             ts=event.ts if event.ts is not None else now)
-                as_dict = event_to_dict(filled)
-                digest = line_hash(prev, dumps_checked(as_dict, f"event {seq} ({event.kind})"))
+            prev, lines, recorded = self._last_hash, [], []
+            for event, as_dict, body in stamp(events, len(self._events), time.time()):
                 # The line keeps the caller's key order (tool schemas render in that order); the hash is over
                 # the sorted canonical form, so verification does not depend on it.
-                body = orjson.dumps(as_dict)
+                digest = line_hash(prev, canonical(as_dict))
                 lines.append(body[:-1] + b',"prev":"' + prev.encode() + b'","hash":"' + digest.encode() + b'"}\n')
-                recorded.append(event_from_dict(orjson.loads(body)))  # exactly what a reader gets back
-                seq, prev = seq + 1, digest
+                recorded.append(event)
+                prev = digest
             payload = b"".join(lines)
             self._write_all(payload)
             if sync:
@@ -273,11 +353,13 @@ class EventLog:
                 pass
             raise
 
-    def _sync_tail(self) -> None:
-        """Take in lines appended by other processes since our last read (called under the lock)."""
+    def _sync_tail(self, *, torn_ok: bool = False) -> bool:
+        """Take in lines appended by other processes since our last read (called under the lock, or with
+        `torn_ok`). A tail without a newline raises (or is repaired), unless `torn_ok`: then it is left
+        unread and True is returned."""
         size = os.fstat(self._fd).st_size  # type: ignore[arg-type]
         if size == self._offset:
-            return
+            return False
         if size < self._offset:
             raise LogFormatError(f"log shrank from {self._offset} to {size} bytes while open", path=str(self.path))
         chunks, pos = [], self._offset
@@ -301,9 +383,12 @@ class EventLog:
         self._last_hash = prev
         self._offset += complete
         self._cache = None
-        if complete != len(data):  # another writer died mid-line
+        if complete != len(data):  # another writer mid-line, or one that died there
+            if torn_ok:
+                return True
             scan = Scan(n_lines=len(self._events) + 1, torn=data[complete:], last_hash=prev, good_len=self._offset)
             if not self._repair:
                 raise torn_problem(scan, self.path).error(self.path)
             repair_tail(self.path, scan)
             self._sync_tail()  # a tail that only lacked its newline is now a line to read
+        return False

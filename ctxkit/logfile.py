@@ -8,6 +8,11 @@ the chain at that line. A crash mid-append can leave only a torn last line (`Eve
 with one `write` on an O_APPEND descriptor); `repair` removes it, keeping the removed bytes in a `.torn`
 side file, or completes it when only its newline is missing.
 
+Locks. Only writers lock: an append or a repair holds `filelock.FileLock(<log>.lock)` (`write_lock`).
+Readers (`read_events`, `verify`, a `repair` with nothing to repair) never create that file, so reading a
+log leaves its folder as it was; a reader that finds a tail without a newline waits on the existing lock
+file, if any, with a shared `flock` (`read_lock`) and reads again, so a line in flight is not reported torn.
+
 The helpers without a leading underscore that are not in `__all__` (`check_line`, `scan_bytes`, ...) are
 shared with `ctxkit.log`'s writer; they are not part of the public API.
 
@@ -254,24 +259,49 @@ def torn_problem(scan: Scan, path: Path) -> LineProblem:
                               f"mid-append); run `ctxkit log verify {path} --repair` or open with repair=True")
 
 
+def lock_path(path: Path) -> Path:
+    """The writers' lock file of a log: `<log>.lock`, created by the first append (`filelock`)."""
+    return Path(str(path) + ".lock")
+
+
 @contextmanager
-def locked_if_possible(path: Path):
-    """Hold the log's lock when the log exists and the lock file can be created (read-only folders are
-    read unlocked; a missing log gets no stray lock file)."""
+def write_lock(path: Path):
+    """Hold the log's exclusive writer lock (creating `<log>.lock` if needed). Only writers take it:
+    appends, and repairs of a torn tail."""
     from filelock import FileLock
 
-    lock = FileLock(str(path) + ".lock")
+    with FileLock(str(lock_path(path))):
+        yield
+
+
+@contextmanager
+def read_lock(path: Path):
+    """Wait for any writer in the middle of an append, without creating anything: a shared `flock` on the
+    existing `<log>.lock`. No lock file (no writer ever appended), a lock file we cannot open (a read-only
+    place, another user's file) or a platform without `fcntl` means nothing to wait for."""
     try:
-        if not path.is_file():
-            raise FileNotFoundError(path)
-        lock.acquire()
-    except OSError:
+        import fcntl
+
+        fd = os.open(lock_path(path), os.O_RDONLY)
+    except (ImportError, OSError):
         yield
         return
     try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
         yield
     finally:
-        lock.release()
+        os.close(fd)  # closing the descriptor releases the flock
+
+
+def read_settled(path: Path) -> bytes:
+    """The bytes of a log, read without taking the writers' lock. A writer holds the lock while a line is
+    being written, so a tail without a newline is either that line in flight or a crashed writer's torn
+    line: only then wait on the lock (`read_lock`) and read again. Reading never creates a `.lock` file."""
+    data = read_log_bytes(path)
+    if data and not data.endswith(b"\n"):
+        with read_lock(path):
+            data = read_log_bytes(path)
+    return data
 
 
 def read_log_bytes(path: Path) -> bytes:
@@ -316,9 +346,7 @@ def read_events(path, *, allow_torn: bool = False) -> tuple[Event, ...]:
     """Read and verify a log without opening it for writing. A torn tail raises `TornLineError` unless
     `allow_torn` (then it is ignored: it holds no complete event)."""
     path = Path(path)
-    with locked_if_possible(path):
-        data = read_log_bytes(path)
-    scan = checked_scan(path, data)
+    scan = checked_scan(path, read_settled(path))
     if scan.torn and not allow_torn:
         raise torn_problem(scan, path).error(path)
     if scan.header is None:
@@ -345,9 +373,7 @@ def read_header(path) -> dict[str, Any]:
 def verify(path) -> VerifyReport:
     """Check every line of a log; reports all problems (with 1-based line numbers) instead of raising."""
     path = Path(path)
-    with locked_if_possible(path):
-        data = read_log_bytes(path)
-    scan = scan_bytes(data, collect=True)
+    scan = scan_bytes(read_settled(path), collect=True)
     problems = [Problem(b.line, b.code, b.message) for b in scan.problems]
     if scan.n_lines == 0 and not scan.torn:
         problems.append(Problem(1, "empty", "empty file: not a ctxkit log (no header)"))
@@ -363,15 +389,24 @@ def repair(path) -> RepairReport:
     removed bytes to a `.torn` side file. Never touches a complete line; any other corruption is refused
     (`LogFormatError` naming the line)."""
     path = Path(path)
-    with locked_if_possible(path):
-        scan = scan_bytes(read_log_bytes(path), collect=True)
-        if scan.problems:
-            bad = scan.problems[0]
-            raise LogFormatError(f"{bad.message}; repair only fixes a torn last line", path=str(path), line=bad.line)
+    scan = _repairable(path, read_settled(path))
+    if not scan.torn:  # nothing to write, so no lock taken
+        return RepairReport(path=str(path), removed_bytes=0, completed_line=False, side_file=None,
+                            n_events=len(scan.events))
+    with write_lock(path):
+        scan = _repairable(path, read_log_bytes(path))
         removed, completed, side = repair_tail(path, scan) if scan.torn else (0, False, None)
         n_events = len(scan_bytes(read_log_bytes(path), collect=False).events)
     return RepairReport(path=str(path), removed_bytes=removed, completed_line=completed,
                         side_file=side, n_events=n_events)
+
+
+def _repairable(path: Path, data: bytes) -> Scan:
+    scan = scan_bytes(data, collect=True)
+    if scan.problems:
+        bad = scan.problems[0]
+        raise LogFormatError(f"{bad.message}; repair only fixes a torn last line", path=str(path), line=bad.line)
+    return scan
 
 
 def repair_tail(path: Path, scan: Scan) -> tuple[int, bool, str | None]:

@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 from ctxkit.errors import LogFormatError, MessageFormatError
 from ctxkit.events import (
     EVENT_TYPES,
+    FINISH_REASONS,
+    REWARD_KINDS,
     Compaction,
     EpisodeEnd,
     EpisodeStart,
@@ -35,6 +37,9 @@ json_value = st.recursive(json_scalar, lambda inner: st.lists(inner, max_size=3)
 json_obj = st.dictionaries(text, json_value, max_size=3)
 content = st.none() | text | st.lists(st.builds(lambda t: {"type": "text", "text": t}, text), min_size=1, max_size=3).map(tuple)
 tool_call = st.builds(ToolCall, id=st.text(min_size=1, max_size=8), name=st.text(min_size=1, max_size=8), arguments=text)
+# valid compaction edits in their JSON shape (`ctxkit.edits` reads them into typed records)
+edit_json = (st.builds(lambda ids: {"op": "drop", "event_ids": ids}, st.lists(st.text(min_size=1, max_size=8), min_size=1, max_size=3))
+             | st.builds(lambda i, t: {"op": "mask", "event_id": i, "text": t}, st.text(min_size=1, max_size=8), text))
 base = {"seq": st.none() | st.integers(0, 10**6), "id": st.none() | text,
         "ts": st.none() | st.floats(0, 2e9, allow_nan=False)}
 
@@ -48,18 +53,19 @@ EVENTS = st.one_of(
               token_ids=st.lists(st.integers(0, 200_000), max_size=20).map(tuple),
               logprobs=st.none() | st.lists(st.floats(max_value=0, allow_nan=False, allow_infinity=False), max_size=20).map(tuple),
               logprob_kind=st.sampled_from([None, "raw", "processed", "recomputed"]), sampling=json_obj,
-              policy_version=st.none() | st.integers(0, 100) | text, finish_reason=st.none() | text, content=content,
+              policy_version=st.none() | st.integers(0, 100) | text,
+              finish_reason=st.sampled_from((None, *FINISH_REASONS)), content=content,
               tool_calls=st.lists(tool_call, max_size=2).map(tuple), **base),
     st.builds(ToolResult, tool_call_id=text, name=st.none() | text, content=content,
               status=st.sampled_from(["ok", "error", "timeout"]), duration_s=st.none() | st.floats(0, 1e4), **base),
     st.builds(Pin, pin_id=text, text=text, source_event_id=st.none() | text, rule=st.none() | text, **base),
     st.builds(Unpin, pin_id=text, reason=st.none() | text, **base),
-    st.builds(Compaction, compressor=text, params=json_obj, edits=st.lists(json_obj, max_size=3).map(tuple),
+    st.builds(Compaction, compressor=text, params=json_obj, edits=st.lists(edit_json, max_size=3).map(tuple),
               details=json_obj, **base),
     st.builds(StateSnapshot, adapter=st.sampled_from(["directory", "json"]), name=text, manifest_sha256=text,
               after_event_id=st.none() | text, **base),
     st.builds(EpisodeEnd, outcome=st.sampled_from(["terminated", "truncated"]), cause=text,
-              reward=st.none() | st.floats(-10, 10), reward_kind=st.sampled_from(["scored", "unscored"]),
+              reward=st.none() | st.floats(-10, 10), reward_kind=st.sampled_from(REWARD_KINDS),
               scores=json_obj, **base),
 )
 
