@@ -13,6 +13,7 @@ command that wants to say more raises a `CtxkitError` or handles `KeyboardInterr
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import sys
@@ -58,8 +59,9 @@ def os_error_message(exc: OSError) -> str:
     """`<path>: <reason>` for an `OSError` (both paths of a failed rename or link)."""
     reason = exc.strerror or str(exc) or type(exc).__name__
     paths = [p for p in (exc.filename, exc.filename2) if p is not None]
-    if not paths:
-        return reason
+    if not paths:  # an unnamed stream: almost always standard output (e.g. `ctxkit export LOG > /dev/full`)
+        where = "writing output" if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO) else type(exc).__name__
+        return f"{where}: {reason}"
     return " -> ".join(str(p if not isinstance(p, bytes) else p.decode(errors="replace")) for p in paths) + f": {reason}"
 
 
@@ -81,7 +83,9 @@ def main(argv: list[str] | None = None) -> int:
         if not getattr(args, "func", None):
             parser.print_help()
             return EXIT_ERROR
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        _flush_stdout()
+        return code
     except CtxkitError as exc:
         return _fail(str(exc))
     except BrokenPipeError:  # e.g. `ctxkit export LOG | head`
@@ -98,6 +102,16 @@ def _fail(message: str) -> int:
     """Print the one `ctxkit: error:` line (newlines folded) and give the error exit status."""
     print("ctxkit: error: " + " ".join(message.split("\n")).strip(), file=sys.stderr)
     return EXIT_ERROR
+
+
+def _flush_stdout() -> None:
+    """Flush stdout inside `main`, so a full disk or a closed pipe is reported here, naming the stream."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, "standard output") from None
 
 
 def _silence_stdout() -> None:

@@ -62,6 +62,8 @@ def work(tmp_path_factory):
     for name in ("ep.jsonl", "ro.jsonl"):
         with EventLog.create(root / name, episode_id="cli-errors") as log:
             log.extend(import_conversation(CONVERSATION)[1:])
+    with EventLog.create(root / "pin.jsonl", episode_id="cli-errors-pin") as log:  # a constraint the builder pins
+        log.extend(import_conversation([{"role": "user", "content": "Do not modify the original config file."}])[1:])
     read_only = _make_read_only(root / "ro.jsonl")
     yield root, read_only
     if read_only and os.geteuid() == 0:
@@ -101,6 +103,8 @@ CASES = [
      ["{d}/s.jsonl"]),
     ("build-write-read-only", ["build", "{d}/ro.jsonl", "--write", *TOKENIZER, "--budget", "500"],
      "--write {d}/ro.jsonl: cannot open the log for appending", []),
+    ("build-write-over-budget", ["build", "{d}/pin.jsonl", "--write", *TOKENIZER, "--budget", "10"],
+     "over the budget of 10", []),  # the pin it detected is not appended either: the log is unchanged
     ("build-budget-negative", ["build", "{d}/ep.jsonl", *TOKENIZER, "--budget", "-5"],
      "build: argument --budget: expected an integer >= 1, got -5", []),
     ("build-folder", ["build", "{d}/adir", *TOKENIZER, "--budget", "500"], "{d}/adir: is a directory", []),
@@ -176,3 +180,13 @@ def test_ctrl_c_is_a_short_message_and_exit_130(tmp_path):
             proc.kill()
     assert (proc.returncode, stderr, stdout) == (130, "ctxkit: interrupted\n", "")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["conv.json"]
+
+
+def test_full_disk_on_stdout_is_one_error_line(work):
+    folder, _ = work
+    if not os.path.exists("/dev/full"):
+        missing_fixture("/dev/full (a device that is always full)")
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, "-m", "ctxkit.cli", "export", str(folder / "ep.jsonl")], stdout=full,
+                              stderr=subprocess.PIPE, text=True, env=_env(), timeout=300)
+    assert (proc.returncode, proc.stderr) == (2, "ctxkit: error: writing output: No space left on device\n")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from typing import Any
 
@@ -100,7 +101,14 @@ def _build(args: argparse.Namespace) -> int:
         except OSError as exc:  # e.g. a read-only file: say so instead of a traceback
             raise ConfigError(f"--write {args.log}: cannot open the log for appending: {exc.strerror or exc}") from None
         try:
-            _emit(args, 0, len(log.events()), builder.build(log))
+            # build on an in-memory copy first: a build that fails (budget, pins) leaves the log untouched;
+            # one that passes appends what it recorded (detected pins, the compaction) in one batch, with the
+            # same seq and ids the copy gave them (ids ignore ts)
+            recorded = log.events()
+            memory = MemoryLog(recorded)
+            ctx = builder.build(memory)
+            log.extend(dataclasses.replace(e, seq=None, id=None, ts=None) for e in memory.events()[len(recorded):])
+            _emit(args, 0, len(recorded), ctx)
         finally:
             log.close()
         return 0
