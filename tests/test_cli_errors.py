@@ -23,9 +23,11 @@ from conftest import REPO_ROOT, missing_fixture, shared_path
 
 TOKENIZER = ["--tokenizer", "tiktoken:cl100k_base", "--template", "chatml-tools-v1"]
 CONVERSATION = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
-NO_LANGCHAIN = ("import sys; sys.modules['langchain_core'] = None; "
-                "from ctxkit.cli import main; sys.exit(main(sys.argv[1:]))")
-"""Runs the CLI with `langchain_core` unimportable, as on an install without the `test` extra."""
+
+
+def without(module: str) -> str:
+    """`python -c` code running the CLI with `module` unimportable, as on an install without its extra."""
+    return f"import sys; sys.modules[{module!r}] = None; from ctxkit.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
 def _env() -> dict[str, str]:
@@ -131,9 +133,14 @@ CASES = [
     ("bench-build-no-compressor", ["bench", "build", "--compressors", ","], "--compressors ',': no compressor named", []),
     ("bench-render-zero-turns", ["bench", "render", "--turns", "0"],
      "bench render: argument --turns: expected an integer >= 1, got 0", []),
-    ("bench-build-without-langchain", ["-c", NO_LANGCHAIN, "bench", "build", "--turns", "2", "--repeats", "1"],
+    ("bench-build-without-langchain", ["-c", without("langchain_core"), "bench", "build", "--turns", "2", "--repeats", "1"],
      "needs the python package 'langchain-core', which is not installed; install it with: pip install 'ctxkit[test]'",
      []),
+    ("samples-parquet-without-pyarrow", ["-c", without("pyarrow"), "samples", "{d}/ep.jsonl", "-o", "{d}/s.parquet"],
+     "ctxkit samples -o {d}/s.parquet (Parquet) needs the python package 'pyarrow', which is not installed; "
+     "install it with: pip install 'ctxkit[export]'", ["{d}/s.parquet"]),
+    ("import-empty-episode-id", ["import", "{d}/conv.json", "-o", "{d}/b.jsonl", "--episode-id", " "],
+     "--episode-id ' ': expected a non-empty, printable id", ["{d}/b.jsonl"]),
 ]
 
 
@@ -149,7 +156,7 @@ def test_bad_input_is_one_error_line(work, argv, expected, outputs):
     if "{d}/ro.jsonl" in argv and not read_only:
         missing_fixture("cannot make a file read-only here (chattr +i failed)")
     d = str(folder)
-    argv = [a.format(d=d) if a != NO_LANGCHAIN else a for a in argv]
+    argv = [a if a.startswith("import sys;") else a.format(d=d) for a in argv]
     before = _listing(folder)
     cmd = [sys.executable, *argv] if argv[0] == "-c" else [sys.executable, "-m", "ctxkit.cli", *argv]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), cwd=folder, timeout=300)

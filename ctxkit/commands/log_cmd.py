@@ -72,6 +72,8 @@ def _import(args: argparse.Namespace) -> int:
     from ctxkit.errors import ConfigError
     from ctxkit.log import EventLog, import_conversation, load_conversation
 
+    if args.episode_id is not None and (not args.episode_id.strip() or not args.episode_id.isprintable()):
+        raise ConfigError(f"--episode-id {args.episode_id!r}: expected a non-empty, printable id")
     output = check_output(args.output, "-o", probe=True)
     if output.exists():
         raise ConfigError(f"-o {output}: already exists; the log to create must be a new file")

@@ -138,6 +138,13 @@ def _samples(args: argparse.Namespace) -> int:
     out = check_output(args.output, "-o", probe=True)
     if out.suffix.lower() not in SAMPLE_SUFFIXES:
         raise ConfigError(f"-o {args.output}: unknown format {out.suffix or '(no suffix)'}; use .parquet or .jsonl")
+    if out.suffix.lower() == ".parquet":
+        try:
+            import pyarrow.parquet  # noqa: F401
+        except ImportError as exc:
+            from ctxkit.models import MissingExtraError
+
+            raise MissingExtraError("pyarrow", "export", f"ctxkit samples -o {args.output} (Parquet)") from exc
     logs, skipped = find_logs(args.logs)
     if not logs:
         found = f" (only {len(skipped)} other .jsonl file(s), not ctxkit logs)" if skipped else ""
