@@ -34,7 +34,7 @@ _PUBLIC: dict[str, str] = {
     "View": "ctxkit.view",
     "build_view": "ctxkit.view",
     "ContextBuilder": "ctxkit.builder",
-    "check_compressor": "ctxkit.compress.check",
+    "check_compressor": "ctxkit.compressor_check",
     "make_compressor": "ctxkit.compress",
     # L3
     "render": "ctxkit.rendering",

@@ -185,7 +185,10 @@ class ContextBuilder:
             view=view, events=events, tokenizer=self.tokenizer, template=self.template, budget=budget,
             measure=self.measure, pinned_texts=tuple(p.text for p in view.active_pins),
         )
-        compaction = self.compressor.compact(request)
+        try:
+            compaction = self.compressor.compact(request)
+        except LogFormatError as exc:  # e.g. an edit of an unknown kind, refused when the Compaction was made
+            raise InvariantError(f"compressor {self.compressor.spec.name} proposed invalid edits: {exc}") from None
         truncated = False
         if compaction is not None:
             name = self.compressor.spec.name

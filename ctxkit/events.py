@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping, Union
 
 from ctxkit.errors import EventFormatError, LogFormatError, MessageFormatError
+from ctxkit.edits import Edit, edit_from_dict, edit_to_dict
 
 SCHEMA_VERSION = 1
 """Version of the event schema written in every log header."""
@@ -238,10 +239,19 @@ class Compaction(EventBase):
     """Versioned compressor name, e.g. `mask-observations-v1`."""
     params: Mapping[str, Any] = field(default_factory=dict)
     """The compressor's parameters."""
-    edits: tuple[Mapping[str, Any], ...] = ()
-    """Edits to the view, each `{"op": ..., ...}`; `ctxkit.view` defines the ops."""
+    edits: tuple[Edit, ...] = ()
+    """Edits to the view, typed records from `ctxkit.edits` (`DropEdit`, `MaskEdit`, ...), applied in order by
+    `ctxkit.view`. Given as JSON objects `{"op": kind, ...}` (the on-disk shape), they are read into records;
+    an unknown kind is a `LogFormatError` naming the known ones."""
     details: Mapping[str, Any] = field(default_factory=dict)
     """Provenance: summarizer id/version, retrieval scores, token counts before/after."""
+
+    def __post_init__(self) -> None:
+        edits = self.edits
+        if isinstance(edits, (str, bytes, Mapping)) or not isinstance(edits, (list, tuple)):
+            raise LogFormatError(f"compaction {self.compressor!r}: 'edits' is {type(edits).__name__}; expected a list of edits")
+        object.__setattr__(self, "edits", tuple(
+            edit_from_dict(e, where=f"compaction {self.compressor!r}: edit {i}") for i, e in enumerate(edits)))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -349,6 +359,8 @@ def event_to_dict(event: Event) -> dict[str, Any]:
         value = getattr(event, f.name)
         if f.name == "tool_calls":
             value = [dataclasses.asdict(tc) for tc in value]
+        elif f.name == "edits":
+            value = [edit_to_dict(e) for e in value]
         elif isinstance(value, tuple):
             value = list(value)
         out[f.name] = value

@@ -6,20 +6,17 @@ from `EpisodeStart`, the active pins from `Pin`/`Unpin`, and applies every recor
 in log order, at the point of the log where the compaction was recorded. It never re-runs a compressor,
 so a rebuild from a saved log is exact.
 
-Edit ops (plain JSON-able dicts inside `Compaction.edits`, applied in order):
+Edits are the typed records of `ctxkit.edits`, applied in order:
 
-- `{"op": "drop", "event_ids": [...]}`: remove every message whose provenance names one of the ids.
-- `{"op": "mask", "event_id": id, "text": str}`: replace the content of the message of event `id` by a
-  placeholder (which names the event id and its original size in tokens). Provenance becomes `masked`.
-- `{"op": "truncate", "event_id": id, "text": str}`: replace the content by a shortened text.
-  Provenance becomes `truncated`.
-- `{"op": "summary", "event_ids": [...], "text": str, "role": "user"}`: remove the messages covering
-  any of the ids and insert one summary message (provenance `summary`, naming every covered id) where
-  the first removed message was.
-- `{"op": "retrieved", "event_ids": [...], "text": str, "scores": [...], "role": "user"}`: remove any
-  earlier retrieved block and insert this one (provenance `retrieved`) just before the newest turn: the
-  newest user message, or the assistant message whose tool calls the trailing tool results answer, so
-  calls and results stay adjacent.
+- `DropEdit(event_ids)`: remove every message whose provenance names one of the ids.
+- `MaskEdit(event_id, text)`: replace the content of the message of that event by a placeholder (which
+  names the event id and its original size in tokens). Provenance becomes `masked`.
+- `TruncateEdit(event_id, text)`: replace the content by a shortened text. Provenance becomes `truncated`.
+- `SummaryEdit(event_ids, text, role)`: remove the messages covering any of the ids and insert one summary
+  message (provenance `summary`, naming every covered id) where the first removed message was.
+- `RetrievedEdit(event_ids, text, scores, role)`: remove any earlier retrieved block and insert this one
+  (provenance `retrieved`) just before the newest turn: the newest user message, or the assistant message
+  whose tool calls the trailing tool results answer, so calls and results stay adjacent.
 
 Edits accumulate: a later compaction edits the view the earlier ones produced. An edit naming an event
 that is not in the view at that point is a `LogFormatError` naming the compaction.
@@ -39,6 +36,7 @@ from typing import Any, Iterable, Literal, Mapping, Sequence
 
 import orjson
 
+from ctxkit.edits import EDIT_KINDS, EDIT_TYPES, DropEdit, Edit, MaskEdit, SummaryEdit, TruncateEdit
 from ctxkit.errors import LogFormatError, MessageFormatError
 from ctxkit.events import (
     Compaction,
@@ -55,8 +53,8 @@ from ctxkit.events import (
 
 How = Literal["verbatim", "masked", "truncated", "summary", "retrieved", "pinned"]
 HOWS: tuple[str, ...] = ("verbatim", "masked", "truncated", "summary", "retrieved", "pinned")
-EDIT_OPS: tuple[str, ...] = ("drop", "mask", "truncate", "summary", "retrieved")
-"""The edit ops a `Compaction` may carry (see the module docstring)."""
+EDIT_OPS: tuple[str, ...] = tuple(EDIT_KINDS)
+"""The edit kinds a `Compaction` may carry (`ctxkit.edits.EDIT_KINDS`)."""
 
 PINNED_HEADER = "Pinned constraints:"
 """First line of the derived pinned block."""
@@ -307,7 +305,7 @@ def _where(event: Event) -> str:
 # ---------------------------------------------------------------------------------------------- edits
 
 
-def apply_edits(view: View, edits: Sequence[Mapping[str, Any]], *, where: str = "edits") -> View:
+def apply_edits(view: View, edits: Sequence[Edit], *, where: str = "edits") -> View:
     """The view after `edits` (what a `Compaction` carrying them would give). Pure.
 
     Compressors use it to try candidate edits and measure the result.
@@ -317,61 +315,49 @@ def apply_edits(view: View, edits: Sequence[Mapping[str, Any]], *, where: str = 
     return make_view(out, view.tools, view.active_pins, view.upto_seq)
 
 
-def apply_edits_to_list(
-    messages: Sequence[ViewMessage], edits: Sequence[Mapping[str, Any]], *, where: str
-) -> list[ViewMessage]:
-    """Apply edit ops to a message list (no pinned block); returns a new list."""
+def apply_edits_to_list(messages: Sequence[ViewMessage], edits: Sequence[Edit], *, where: str) -> list[ViewMessage]:
+    """Apply typed edits (`ctxkit.edits`) to a message list (no pinned block); returns a new list.
+
+    `LogFormatError` naming `where` and the edit's index when an edit names an event not in the view, or
+    is not a typed edit (read JSON objects with `ctxkit.edits.edit_from_dict`)."""
     msgs = list(messages)
     index: dict[str, int] | None = None  # event id -> position of its single message (mask/truncate)
     for i, edit in enumerate(edits):
-        op = edit.get("op") if isinstance(edit, Mapping) else None
-        here = f"{where}: edit {i} ({op!r})"
-        if op in ("drop", "summary", "retrieved"):
-            index = None  # positions change
-        if op == "drop":
-            ids = _ids(edit, here)
+        if not isinstance(edit, EDIT_TYPES):
+            raise LogFormatError(f"{where}: edit {i} is {type(edit).__name__}, not a typed edit; "
+                                 f"known kinds: {sorted(EDIT_KINDS)} (read JSON with ctxkit.edits.edit_from_dict)")
+        here = f"{where}: edit {i} ({edit.kind!r})"
+        if isinstance(edit, (MaskEdit, TruncateEdit)):
+            if index is None:
+                index = _single_index(msgs)
+            j = index.get(edit.event_id)
+            if j is None:
+                raise LogFormatError(f"{here}: event {edit.event_id!r} is not a single message in the view")
+            how = "masked" if isinstance(edit, MaskEdit) else "truncated"
+            msgs[j] = replace(msgs[j], content=edit.text, token_ids=None, provenance=Provenance(how, (edit.event_id,)))
+            continue
+        index = None  # drop, summary and retrieved change positions
+        if isinstance(edit, DropEdit):
+            ids = set(edit.event_ids)
             kept = [m for m in msgs if not ids.intersection(m.provenance.event_ids)]
             if len(kept) == len(msgs):
                 raise LogFormatError(f"{here}: none of the event ids {sorted(ids)} is in the view")
             msgs = kept
-        elif op in ("mask", "truncate"):
-            eid = edit.get("event_id")
-            text = edit.get("text")
-            if not isinstance(eid, str) or not isinstance(text, str):
-                raise LogFormatError(f"{here}: needs a string 'event_id' and a string 'text'")
-            if index is None:
-                index = _single_index(msgs)
-            j = index.get(eid)
-            if j is None:
-                raise LogFormatError(f"{here}: event {eid!r} is not a single message in the view")
-            how = "masked" if op == "mask" else "truncated"
-            msgs[j] = replace(msgs[j], content=text, token_ids=None, provenance=Provenance(how, (eid,)))
-        elif op == "summary":
-            ids = _ids(edit, here)
-            text = edit.get("text")
-            if not isinstance(text, str):
-                raise LogFormatError(f"{here}: needs a string 'text'")
+        elif isinstance(edit, SummaryEdit):
+            ids = set(edit.event_ids)
             positions = [j for j, m in enumerate(msgs) if ids.intersection(m.provenance.event_ids)]
             if not positions:
                 raise LogFormatError(f"{here}: none of the event ids {sorted(ids)} is in the view")
-            covered = tuple(edit["event_ids"])
-            summary = ViewMessage(role=str(edit.get("role", "user")), content=text,
-                                  provenance=Provenance("summary", covered))
-            first = positions[0]
+            summary = ViewMessage(role=edit.role or "user", content=edit.text,
+                                  provenance=Provenance("summary", edit.event_ids))
             drop = set(positions)
             msgs = [m for j, m in enumerate(msgs) if j not in drop]
-            msgs.insert(first, summary)
-        elif op == "retrieved":
-            ids = edit.get("event_ids")
-            text = edit.get("text")
-            if not isinstance(text, str) or not isinstance(ids, (list, tuple)):
-                raise LogFormatError(f"{here}: needs 'event_ids' (a list) and a string 'text'")
+            msgs.insert(positions[0], summary)
+        else:  # RetrievedEdit
             msgs = [m for m in msgs if m.provenance.how != "retrieved"]
-            block = ViewMessage(role=str(edit.get("role", "user")), content=text,
-                                provenance=Provenance("retrieved", tuple(ids)))
+            block = ViewMessage(role=edit.role or "user", content=edit.text,
+                                provenance=Provenance("retrieved", edit.event_ids))
             msgs.insert(newest_turn_start(msgs), block)
-        else:
-            raise LogFormatError(f"{here}: unknown edit op; known ops: {list(EDIT_OPS)}")
     return msgs
 
 
@@ -386,13 +372,6 @@ def newest_turn_start(messages: Sequence[ViewMessage]) -> int:
     if messages and messages[-1].role == "user":
         return len(messages) - 1
     return len(messages)
-
-
-def _ids(edit: Mapping[str, Any], here: str) -> set[str]:
-    ids = edit.get("event_ids")
-    if not isinstance(ids, (list, tuple)) or not ids or not all(isinstance(x, str) for x in ids):
-        raise LogFormatError(f"{here}: needs a non-empty list of string 'event_ids'")
-    return set(ids)
 
 
 def _single_index(msgs: Sequence[ViewMessage]) -> dict[str, int]:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 
 from conftest import tokenizer_dir
-from ctxkit.builder import BuiltContext, ContextBuilder, MemoryLog, rebuild
+from ctxkit.builder import BuiltContext, ContextBuilder, rebuild
+from ctxkit.edits import DropEdit
 from ctxkit.errors import BudgetError, ConfigError, InvariantError, MessageFormatError, PinViolationError, ReplayError
 from ctxkit.events import Compaction, EpisodeStart, Message, Pin, Step, ToolCall, ToolResult, Unpin
-from ctxkit.log import EventLog
+from ctxkit.log import EventLog, MemoryLog
 from ctxkit.rendering import encode_assistant_turn, render
 
 TOOLS = ({"type": "function", "function": {"name": "read", "description": "Read a file.",
@@ -219,7 +220,7 @@ def test_a_failed_build_records_no_compaction(tok):
 
         def propose(self, request, n_tokens):
             first = next(m for m in request.view.messages if m.tool_calls)
-            return [{"op": "drop", "event_ids": list(first.provenance.event_ids)}], {}
+            return [DropEdit(first.provenance.event_ids)], {}
 
     log = MemoryLog()
     start(log)
@@ -236,6 +237,17 @@ def test_a_failed_build_records_no_compaction(tok):
                 return [{"op": "mask", "event_id": "nope", "text": "x"}], {}
 
         ContextBuilder(tok, compressor=BadOp(trigger="every_turn"), budget=4000).build(log)
+
+    class UnknownKind(DropsACall):
+        NAME = "unknown-kind"
+
+        def propose(self, request, n_tokens):
+            return [{"op": "squash", "event_ids": ["e1"]}], {}
+
+    with pytest.raises(InvariantError, match=r"compressor unknown-kind-v1 proposed invalid edits: .*"
+                                             r"unknown edit kind \(op\) 'squash'; known kinds: \['drop', "):
+        ContextBuilder(tok, compressor=UnknownKind(trigger="every_turn"), budget=4000).build(log)
+    assert [e.kind for e in log.events()[n:]] == ["pin"]
 
 
 def test_build_needs_a_log(tok):

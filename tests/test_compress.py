@@ -9,12 +9,14 @@ import orjson
 import pytest
 
 from conftest import tokenizer_dir
-from ctxkit.builder import ContextBuilder, MemoryLog
+from ctxkit.builder import ContextBuilder
 from ctxkit.compress import COMPRESSORS, compressor_defaults, make_compressor
 from ctxkit.compress.base import CompressorSpec
 from ctxkit.compress.truncate_tool_output import truncate_text
+from ctxkit.edits import DropEdit, edit_to_dict
 from ctxkit.errors import BudgetError, ConfigError
 from ctxkit.events import Compaction, EpisodeStart, Message, Step, ToolCall, ToolResult
+from ctxkit.log import MemoryLog
 from ctxkit.view import Provenance, apply_edits
 
 TOOLS = ({"type": "function", "function": {"name": "read", "description": "Read a file.",
@@ -98,7 +100,7 @@ def test_window_golden_keeps_as_many_recent_turns_as_fit(tok):
 
     def size_keeping(k):  # exact size of the view with only the newest k turns
         drop = [i for t in range(6 - k) for i in (steps[t], results[t])]
-        return probe.measure(apply_edits(full, [{"op": "drop", "event_ids": drop}]))
+        return probe.measure(apply_edits(full, [DropEdit(tuple(drop))]))
 
     budget = budget_for_target(size_keeping(2), size_keeping(3))
     log = episode(6)
@@ -114,8 +116,8 @@ def test_window_golden_keeps_as_many_recent_turns_as_fit(tok):
     ]
     comp = last_compaction(log)
     assert comp.compressor == "window-v1"
-    assert comp.edits == ({"op": "drop", "event_ids": [steps[0], results[0], steps[1], results[1], steps[2],
-                                                       results[2], steps[3], results[3]]},)
+    assert comp.edits == (DropEdit((steps[0], results[0], steps[1], results[1], steps[2], results[2], steps[3],
+                                    results[3])),)
     assert ctx.n_tokens == size_keeping(2) <= int(0.75 * budget)
 
 
@@ -158,7 +160,7 @@ def test_mask_observations_golden(tok):
         ("verbatim", originals[results[4]]),
     ]
     comp = last_compaction(log)
-    assert [e["op"] for e in comp.edits] == ["mask"] * 3
+    assert [e.kind for e in comp.edits] == ["mask"] * 3
     assert comp.details["keep_last_used"] == 2
     # the raw output stays in the log
     assert originals[results[0]] == output(0)
@@ -215,7 +217,7 @@ def test_truncate_tool_output_golden(tok):
     assert [m.provenance for m in tool_msgs] == [Provenance("truncated", (r,)) for r in results]
     for m, t in zip(tool_msgs, range(3)):
         assert tok.count(m.content) <= 64 and output(t, 120).startswith(m.content.split("\n")[0])
-    assert [e["op"] for e in last_compaction(log).edits] == ["truncate"] * 3
+    assert [e.kind for e in last_compaction(log).edits] == ["truncate"] * 3
 
 
 # ------------------------------------------------------------------------------------------ pipeline
@@ -230,10 +232,10 @@ def test_pipeline_composes_in_order(tok):
     assert comp.compressor == "pipeline-v1"
     assert [s["compressor"] for s in comp.details["stages"]] == ["truncate-tool-output-v1", "mask-observations-v1"]
     results = ids_of(log, "tool_result")
-    assert [(e["op"], e["event_id"]) for e in comp.edits] == [("truncate", r) for r in results] + [("mask", r) for r in results[:3]]
+    assert [(e.kind, e.event_id) for e in comp.edits] == [("truncate", r) for r in results] + [("mask", r) for r in results[:3]]
     assert [m.provenance.how for m in ctx.view.messages if m.role == "tool"] == ["masked"] * 3 + ["truncated"] * 2
     assert ctx.n_tokens <= 900
-    orjson.dumps([dict(e) for e in comp.edits])  # edits are data
+    orjson.dumps([edit_to_dict(e) for e in comp.edits])  # edits serialize to data
 
 
 # ------------------------------------------------------------------------------------------ registry and params
@@ -241,13 +243,14 @@ def test_pipeline_composes_in_order(tok):
 
 def test_registry_lists_every_strategy_with_defaults():
     assert set(COMPRESSORS) == {"keep-all", "window", "mask-observations", "truncate-tool-output", "summarize",
-                                "retrieve", "pipeline"}
+                                "retrieve", "pipeline", "mask-observations-v2", "truncate-tool-output-v2",
+                                "summarize-v2", "mask-then-window", "truncate-then-window", "summarize-then-window"}
     defaults = compressor_defaults()
     assert set(defaults) == set(COMPRESSORS)
     for name, params in defaults.items():
         assert params["trigger"] in ("over_budget", "every_turn"), name
         c = make_compressor(name)
-        assert c.spec.name == f"{name}-v1"
+        assert c.spec.name == (name if name.endswith("-v2") else f"{name}-v1")
         orjson.dumps(c.spec.to_dict())
     assert defaults["mask-observations"]["keep_last"] == 10
 
@@ -263,8 +266,11 @@ def test_make_compressor_accepts_names_specs_and_dicts():
 def test_unknown_compressor_lists_registered_names():
     with pytest.raises(ConfigError, match=r"unknown compressor 'shrink'; registered compressors: \['keep-all', "):
         make_compressor("shrink")
-    with pytest.raises(ConfigError, match="window-v1, not version 9"):
+    with pytest.raises(ConfigError, match=r"compressor 'window-v9': this ctxkit has no version 9 of 'window'; "
+                                          r"known versions: \['window-v1'\]"):
         make_compressor("window-v9")
+    with pytest.raises(ConfigError, match=r"known versions: \['mask-observations-v1', 'mask-observations-v2'\]"):
+        make_compressor("mask-observations-v3")
 
 
 def test_unknown_and_bad_parameters():

@@ -7,13 +7,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import require_module, tokenizer_dir
-from ctxkit.builder import ContextBuilder, MemoryLog, rebuild
+from ctxkit.builder import ContextBuilder, rebuild
 from ctxkit.compress import compressor_defaults, make_compressor
 from ctxkit.compress.retrieve import BLOCK_HEADER, Retrieve, documents, latest_query
 from ctxkit.embeddings import PassageIndex, TextEmbedder, chunk_text
 from ctxkit.errors import BudgetError, ConfigError
 from ctxkit.events import Compaction, EpisodeStart, Message, ToolCall, ToolResult
-from ctxkit.log import EventLog
+from ctxkit.log import EventLog, MemoryLog
 from ctxkit.view import Provenance, ViewMessage, build_view, find_orphans
 
 WORDS = "parser token buffer index value return error state module config field record stream offset cache".split()
@@ -187,17 +187,17 @@ def test_needle_is_retrieved_recorded_and_replayed_without_embedding(qwen, minil
     log.append(Message(role="user", content=QUESTION))
     ctx = builder.build(log)
     last = compactions(log)[-1]
-    block = [e for e in last.edits if e["op"] == "retrieved"]
+    block = [e for e in last.edits if e.kind == "retrieved"]
     assert len(block) == 1
     edit = block[0]
-    assert edit["event_ids"][0] == needle_id and len(edit["event_ids"]) == 2
-    assert NEEDLE in edit["text"] and edit["text"].startswith(BLOCK_HEADER + "\n[1] tool result read_file (event " + needle_id)
-    assert edit["scores"] == sorted(edit["scores"], reverse=True) and edit["scores"][0] > 0.3
-    assert last.details["retrieved"][0] == {"event_id": needle_id, "chunk": 0, "score": edit["scores"][0]}
+    assert edit.event_ids[0] == needle_id and len(edit.event_ids) == 2
+    assert NEEDLE in edit.text and edit.text.startswith(BLOCK_HEADER + "\n[1] tool result read_file (event " + needle_id)
+    assert edit.scores == tuple(sorted(edit.scores, reverse=True)) and edit.scores[0] > 0.3
+    assert last.details["retrieved"][0] == {"event_id": needle_id, "chunk": 0, "score": edit.scores[0]}
     assert last.details["embedder"] == comp.embedder.id and last.details["query"] == QUESTION
     assert NEEDLE in qwen.decode(ctx.token_ids)
     block_msg = [m for m in ctx.view.messages if m.provenance.how == "retrieved"]
-    assert len(block_msg) == 1 and block_msg[0].content == edit["text"]
+    assert len(block_msg) == 1 and block_msg[0].content == edit.text
     assert ctx.view.messages[-1].content == QUESTION and ctx.view.messages[-2] is block_msg[0]
     # Replay from the saved file: same view and ids, and nothing reaches the embedding model.
     calls = counting.calls
@@ -258,7 +258,7 @@ def test_short_episode_records_nothing_and_tight_budget_errors(qwen, minilm):
 
 @pytest.mark.slow
 def test_retrieve_passes_the_registry_check_at_a_small_budget(qwen, minilm):
-    from ctxkit.compress.check import check_compressor
+    from ctxkit.compressor_check import check_compressor
 
     report = check_compressor("retrieve", tokenizer=qwen, budgets=(1024,), max_examples=2)
     assert report.compactions > 0 and report.max_tokens[1024] <= 1024

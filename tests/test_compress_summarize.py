@@ -11,7 +11,9 @@ from hypothesis import strategies as st
 from conftest import require_module, tokenizer_dir
 from ctxkit.builder import ContextBuilder, rebuild
 from ctxkit.compress import compressor_defaults, make_compressor
-from ctxkit.compress.summarize import SUMMARY_HEADER, Summarize, cut_to_tokens
+from ctxkit.compress.summarize import SUMMARY_HEADER, cut_to_tokens
+from ctxkit.compress.v1 import SummarizeV1
+from ctxkit.edits import SummaryEdit
 from ctxkit.errors import BudgetError, ConfigError
 from ctxkit.events import Compaction, EpisodeStart, Message, ToolCall, ToolResult
 from ctxkit.log import EventLog
@@ -77,30 +79,33 @@ class Recorder:
 def test_defaults_and_parameter_errors():
     defaults = compressor_defaults()["summarize"]
     assert defaults["summarizer"] == "extractive" and defaults["keep_last"] == 4 and defaults["keep_first"] == 2
-    assert Summarize.VERSION == 1 and make_compressor("summarize").spec.name == "summarize-v1"
+    assert SummarizeV1.VERSION == 1 and make_compressor("summarize").spec.name == "summarize-v1"
+    assert make_compressor("summarize-v2").spec.name == "summarize-v2" and "fallback" not in compressor_defaults()["summarize-v2"]
+    with pytest.raises(ConfigError, match="'fallback' is 'drop'"):
+        SummarizeV1(fallback="drop")
     with pytest.raises(ConfigError, match=r"'summarizer' is 'gpt'; registered summarizers: \['extractive', 'lm'\]"):
-        Summarize(summarizer="gpt")
+        SummarizeV1(summarizer="gpt")
     with pytest.raises(ConfigError, match=r"summarize: summarizer 'extractive': unknown parameter\(s\) \['beams'\]"):
-        Summarize(summarizer_params={"beams": 2})
+        SummarizeV1(summarizer_params={"beams": 2})
     with pytest.raises(ConfigError, match="'keep_last' is 0"):
-        Summarize(keep_last=0)
+        SummarizeV1(keep_last=0)
     with pytest.raises(ConfigError, match="'role' is 'tool'"):
-        Summarize(role="tool")
+        SummarizeV1(role="tool")
     with pytest.raises(ConfigError, match="'max_summary_tokens' is 4"):
-        Summarize(max_summary_tokens=4)
+        SummarizeV1(max_summary_tokens=4)
     with pytest.raises(ConfigError, match="expected one of"):
-        Summarize(summarizer=42)
+        SummarizeV1(summarizer=42)
     with pytest.raises(ConfigError, match=r"unknown parameter\(s\) \['keep_lats'\]"):
         make_compressor("summarize", keep_lats=3)
-    custom = Summarize(summarizer=CallableSummarizer(str, id="str-v"))
+    custom = SummarizeV1(summarizer=CallableSummarizer(str, id="str-v"))
     assert custom.spec.params["summarizer"] == "str-v"
     with pytest.raises(ConfigError, match="cannot be given with a summarizer instance"):
-        Summarize(summarizer=CallableSummarizer(str, id="x"), summarizer_params={"n_sentences": 1})
+        SummarizeV1(summarizer=CallableSummarizer(str, id="x"), summarizer_params={"n_sentences": 1})
 
 
 def test_summary_covers_the_middle_and_replays_without_the_summarizer(qwen, tmp_path):
     rec = Recorder()
-    comp = Summarize(summarizer=CallableSummarizer(rec, id="recorder", version=2), keep_last=2)
+    comp = SummarizeV1(summarizer=CallableSummarizer(rec, id="recorder", version=2), keep_last=2)
     builder = ContextBuilder(qwen, compressor=comp, budget=700)
     log = EventLog.create(tmp_path / "ep.jsonl")
     start(log)
@@ -117,7 +122,7 @@ def test_summary_covers_the_middle_and_replays_without_the_summarizer(qwen, tmp_
     expected = [i for g in groups[2:-2] for i in g]
     body = f"{len(expected)} messages, roles " + ",".join("at" * (len(expected) // 2))
     assert c.compressor == "summarize-v1"
-    assert list(c.edits) == [{"op": "summary", "event_ids": expected, "text": f"{SUMMARY_HEADER}\n{body}", "role": "user"}]
+    assert c.edits == (SummaryEdit(tuple(expected), f"{SUMMARY_HEADER}\n{body}", "user"),)
     assert c.details["summarizer"] == {"id": "recorder", "version": 2}
     assert c.details["covered_messages"] == len(expected) and c.details["kept_last_groups"] == 2
     assert c.details["tokens_before"] > 700 >= c.details["tokens_after"] == ctx.n_tokens
@@ -140,10 +145,10 @@ def test_summary_covers_the_middle_and_replays_without_the_summarizer(qwen, tmp_
 
 
 def test_later_summaries_fold_in_the_earlier_one(qwen):
-    from ctxkit.builder import MemoryLog
+    from ctxkit.log import MemoryLog
 
     rec = Recorder()
-    builder = ContextBuilder(qwen, compressor=Summarize(summarizer=CallableSummarizer(rec, id="rec"), keep_last=2), budget=700)
+    builder = ContextBuilder(qwen, compressor=SummarizeV1(summarizer=CallableSummarizer(rec, id="rec"), keep_last=2), budget=700)
     log = MemoryLog()
     start(log)
     t = 0
@@ -155,18 +160,18 @@ def test_later_summaries_fold_in_the_earlier_one(qwen):
         assert sum(m.provenance.how == "summary" for m in ctx.view.messages) <= 1
         assert t < 40
     first, second = compactions(log)
-    assert set(first.edits[0]["event_ids"]) < set(second.edits[0]["event_ids"])
-    first_body = first.edits[0]["text"].split("\n", 1)[1]
+    assert set(first.edits[0].event_ids) < set(second.edits[0].event_ids)
+    first_body = first.edits[0].text.split("\n", 1)[1]
     assert rec.inputs[-1][0] == {"role": "user", "content": first_body}  # header stripped
     assert rec.inputs[-1][1]["role"] == "assistant"
     assert rebuild(log.events(), tokenizer=qwen).token_ids == ctx.token_ids
 
 
 def test_pinned_constraint_survives_being_summarized(qwen):
-    from ctxkit.builder import MemoryLog
+    from ctxkit.log import MemoryLog
 
     constraint = "Never delete anything in the data folder."
-    builder = ContextBuilder(qwen, compressor=Summarize(summarizer=CallableSummarizer(lambda m: "work happened", id="fixed"),
+    builder = ContextBuilder(qwen, compressor=SummarizeV1(summarizer=CallableSummarizer(lambda m: "work happened", id="fixed"),
                                                         keep_last=1), budget=600)
     log = MemoryLog()
     start(log, task="Clean up the repository.")
@@ -175,7 +180,7 @@ def test_pinned_constraint_survives_being_summarized(qwen):
         turn(log, t)
         ctx = builder.build(log)
     assert compactions(log)
-    covered = {i for c in compactions(log) for e in c.edits for i in e.get("event_ids", [])}
+    covered = {i for c in compactions(log) for e in c.edits for i in getattr(e, "event_ids", ())}
     source = next(e for e in log.events() if isinstance(e, Message) and e.content == constraint)
     assert source.id in covered
     assert constraint in qwen.decode(ctx.token_ids)
@@ -184,10 +189,10 @@ def test_pinned_constraint_survives_being_summarized(qwen):
 
 
 def test_long_summaries_are_cut_and_tight_budgets_still_fit(qwen):
-    from ctxkit.builder import MemoryLog
+    from ctxkit.log import MemoryLog
 
     long_text = " ".join(f"fact{i}." for i in range(2000))
-    comp = Summarize(summarizer=CallableSummarizer(lambda m: long_text, id="long"), keep_last=3, max_summary_tokens=64)
+    comp = SummarizeV1(summarizer=CallableSummarizer(lambda m: long_text, id="long"), keep_last=3, max_summary_tokens=64)
     builder = ContextBuilder(qwen, compressor=comp, budget=420)
     log = MemoryLog()
     start(log)
@@ -198,9 +203,9 @@ def test_long_summaries_are_cut_and_tight_budgets_still_fit(qwen):
     cs = compactions(log)
     assert cs
     for c in cs:
-        summary = [e for e in c.edits if e["op"] == "summary"]
+        summary = [e for e in c.edits if isinstance(e, SummaryEdit)]
         if summary:
-            assert qwen.count(summary[0]["text"].split("\n", 1)[1]) <= 64
+            assert qwen.count(summary[0].text.split("\n", 1)[1]) <= 64
         assert c.details["tokens_after"] <= 420
     # At this budget a 60-word output leaves room for one kept group only.
     assert {c.details["kept_last_groups"] for c in cs if "kept_last_groups" in c.details} <= {1, 2}
@@ -208,9 +213,9 @@ def test_long_summaries_are_cut_and_tight_budgets_still_fit(qwen):
 
 
 def test_budget_below_prefix_and_newest_turn_is_a_budget_error(qwen):
-    from ctxkit.builder import MemoryLog
+    from ctxkit.log import MemoryLog
 
-    builder = ContextBuilder(qwen, compressor=Summarize(summarizer=CallableSummarizer(lambda m: "s", id="s")), budget=150,
+    builder = ContextBuilder(qwen, compressor=SummarizeV1(summarizer=CallableSummarizer(lambda m: "s", id="s")), budget=150,
                              detect_pins=False)
     log = MemoryLog()
     start(log)
@@ -221,10 +226,10 @@ def test_budget_below_prefix_and_newest_turn_is_a_budget_error(qwen):
 
 
 def test_every_turn_trigger_records_nothing_when_nothing_is_new(qwen):
-    from ctxkit.builder import MemoryLog
+    from ctxkit.log import MemoryLog
 
     rec = Recorder()
-    builder = ContextBuilder(qwen, compressor=Summarize(summarizer=CallableSummarizer(rec, id="rec"), keep_last=1,
+    builder = ContextBuilder(qwen, compressor=SummarizeV1(summarizer=CallableSummarizer(rec, id="rec"), keep_last=1,
                                                         trigger="every_turn"), budget=4000)
     log = MemoryLog()
     start(log)
@@ -232,7 +237,7 @@ def test_every_turn_trigger_records_nothing_when_nothing_is_new(qwen):
         turn(log, t)
     ctx = builder.build(log)  # fits, but every_turn summarizes all but the newest group
     (c,) = compactions(log)
-    assert c.details["tokens_before"] <= 4000 and len(c.edits[0]["event_ids"]) == 4
+    assert c.details["tokens_before"] <= 4000 and len(c.edits[0].event_ids) == 4
     n = len(log)
     assert builder.build(log).token_ids == ctx.token_ids and len(log) == n and len(rec.inputs) == 1
 
@@ -251,7 +256,7 @@ def test_cut_to_tokens_property(qwen, text, limit):
 @pytest.mark.slow
 def test_default_extractive_summarizer_end_to_end(qwen):
     require_module("sentence_transformers")
-    from ctxkit.compress.check import check_compressor
+    from ctxkit.compressor_check import check_compressor
 
     report = check_compressor("summarize", tokenizer=qwen, budgets=(1024,), max_examples=2)
     assert report.builds > 0 and report.compactions > 0 and report.max_tokens[1024] <= 1024
@@ -260,7 +265,7 @@ def test_default_extractive_summarizer_end_to_end(qwen):
 @pytest.mark.slow
 def test_lm_summarizer_end_to_end_with_real_smollm2(qwen):
     require_module("gguf")
-    from ctxkit.builder import MemoryLog
+    from ctxkit.log import MemoryLog
 
     comp = make_compressor("summarize", summarizer="lm", summarizer_params={"max_new_tokens": 24}, keep_last=1)
     builder = ContextBuilder(qwen, compressor=comp, budget=420)
@@ -271,7 +276,7 @@ def test_lm_summarizer_end_to_end_with_real_smollm2(qwen):
     ctx = builder.build(log)
     (c,) = compactions(log)
     assert c.details["summarizer"]["id"].startswith("lm:SmolLM2-135M-Instruct.Q4_1@sha256:")
-    text = c.edits[0]["text"]
+    text = c.edits[0].text
     assert text.startswith(SUMMARY_HEADER + "\n") and len(text) > len(SUMMARY_HEADER) + 1
     assert text in qwen.decode(ctx.token_ids)
     assert rebuild(log.events(), tokenizer=qwen).token_ids == ctx.token_ids
@@ -288,10 +293,10 @@ class ReturnsNothing:
 
 
 def test_a_summarizer_returning_a_non_string_is_a_typed_error(qwen):
-    from ctxkit.builder import MemoryLog
+    from ctxkit.log import MemoryLog
     from ctxkit.summarizers import SummarizerError
 
-    builder = ContextBuilder(qwen, compressor=Summarize(summarizer=ReturnsNothing(), keep_last=1), budget=400)
+    builder = ContextBuilder(qwen, compressor=SummarizeV1(summarizer=ReturnsNothing(), keep_last=1), budget=400)
     log = MemoryLog()
     start(log)
     for t in range(4):

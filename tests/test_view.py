@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ctxkit.edits import DropEdit, MaskEdit, RetrievedEdit, SummaryEdit
 from ctxkit.errors import LogFormatError, MessageFormatError
 from ctxkit.events import Compaction, EpisodeStart, Message, Pin, Step, ToolCall, ToolResult, Unpin
 from ctxkit.view import (
@@ -80,6 +81,7 @@ def test_upto_seq_and_incremental_state_agree():
 
 
 def test_compactions_apply_in_log_order_and_accumulate():
+    """Edits given in their JSON shape (as a log holds them) are read into typed records."""
     evs = episode(3)
     evs = stamp(evs[:7] + [
         Compaction(compressor="x-v1", edits=({"op": "mask", "event_id": "e4", "text": "[masked e4]"},)),
@@ -105,14 +107,15 @@ def test_compactions_apply_in_log_order_and_accumulate():
 def test_summary_and_retrieved_ops():
     evs = episode(3)
     v = build_view(evs)
-    v2 = apply_edits(v, [{"op": "summary", "event_ids": ["e3", "e4", "e5", "e6"], "text": "Read a twice.", "role": "user"}])
+    v2 = apply_edits(v, [SummaryEdit(("e3", "e4", "e5", "e6"), "Read a twice.", "user")])
     assert summary(v2)[2] == ("user", "Read a twice.", "summary", ("e3", "e4", "e5", "e6"))
     assert [m.provenance.event_ids for m in v2.messages[3:]] == [("e7",), ("e8",)]
-    v3 = apply_edits(v2, [{"op": "retrieved", "event_ids": ["e4"], "text": "[retrieved] output 0", "scores": [0.9]}])
+    v3 = apply_edits(v2, [RetrievedEdit(("e4",), "[retrieved] output 0", (0.9,))])
     # inserted before the assistant message whose call the trailing tool result answers
     assert [m.provenance.how for m in v3.messages] == ["verbatim", "verbatim", "summary", "retrieved", "verbatim", "verbatim"]
-    v4 = apply_edits(v3, [{"op": "retrieved", "event_ids": ["e6"], "text": "[retrieved] output 1", "scores": [0.5]}])
-    assert [m.content for m in v4.messages if m.provenance.how == "retrieved"] == ["[retrieved] output 1"]
+    v4 = apply_edits(v3, [RetrievedEdit(("e6",), "[retrieved] output 1", (0.5,), "system")])
+    assert [(m.role, m.content) for m in v4.messages if m.provenance.how == "retrieved"] == [("system", "[retrieved] output 1")]
+    assert v3.messages[3].role == "user"  # role None reads as user
     assert find_orphans(v4.messages) == []
 
 
@@ -129,10 +132,10 @@ def test_bad_edits_name_the_compaction():
     evs = stamp(evs)
     with pytest.raises(LogFormatError, match=r"seq 5.*e99"):
         build_view(evs)
-    with pytest.raises(LogFormatError, match="unknown edit op"):
-        apply_edits(build_view(episode(1)), [{"op": "explode"}])
-    with pytest.raises(LogFormatError, match="none of the event ids"):
-        apply_edits(build_view(episode(1)), [{"op": "drop", "event_ids": ["nope"]}])
+    with pytest.raises(LogFormatError, match=r"edit 0 is dict, not a typed edit; known kinds: \['drop', 'mask', 'retrieved', 'summary', 'truncate'\]"):
+        apply_edits(build_view(episode(1)), [{"op": "drop", "event_ids": ["e3"]}])
+    with pytest.raises(LogFormatError, match=r"edits: edit 1 \('drop'\): none of the event ids \['nope'\]"):
+        apply_edits(build_view(episode(1)), [MaskEdit("e4", "x"), DropEdit(("nope",))])
 
 
 def test_orphaned_tool_result_in_log_is_rejected():
@@ -162,7 +165,7 @@ def test_pinned_block_appears_only_when_text_left_the_view():
     # p1 is verbatim in the user message, p2 is nowhere: only p2 is listed, right after the system message
     assert v.messages[1].provenance == Provenance("pinned", ("e8",))
     assert v.messages[1].content == f"{PINNED_HEADER}\n- Answer in French."
-    v2 = apply_edits(v, [{"op": "drop", "event_ids": ["e2"]}])
+    v2 = apply_edits(v, [DropEdit(("e2",))])
     assert v2.messages[1].content == f"{PINNED_HEADER}\n- Do not modify the original file.\n- Answer in French."
     unpinned = build_view(stamp(list(evs) + [Unpin(pin_id="p2")]))
     assert [p.pin_id for p in unpinned.active_pins] == ["p1"]
@@ -173,7 +176,7 @@ def test_hash_is_stable_and_sensitive():
     a = build_view(episode(2))
     b = build_view(episode(2))
     assert a.hash == b.hash and len(a.hash) == 64
-    masked = apply_edits(a, [{"op": "mask", "event_id": "e4", "text": "output 0"}])  # same text, other provenance
+    masked = apply_edits(a, [MaskEdit("e4", "output 0")])  # same text, other provenance
     assert masked.hash != a.hash
     pinned = build_view(stamp(list(episode(2)) + [Pin(pin_id="p", text="step 0")]))
     assert pinned.hash != a.hash  # pin ids are part of the hash even when the text is already visible
@@ -194,5 +197,5 @@ def test_random_drops_of_whole_groups_never_orphan(calls_per_turn, data):
     steps = [e for e in evs if isinstance(e, Step)]
     pick = data.draw(st.sampled_from(steps))
     group = [pick.id] + [e.id for e in evs if isinstance(e, ToolResult) and e.tool_call_id.startswith(pick.tool_calls[0].id.split("_")[0] + "_")]
-    assert find_orphans(apply_edits(v, [{"op": "drop", "event_ids": group}]).messages) == []
-    assert find_orphans(apply_edits(v, [{"op": "drop", "event_ids": [group[1]]}]).messages) != []
+    assert find_orphans(apply_edits(v, [DropEdit(tuple(group))]).messages) == []
+    assert find_orphans(apply_edits(v, [DropEdit((group[1],))]).messages) != []

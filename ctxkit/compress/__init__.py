@@ -4,6 +4,23 @@
 dependencies (sentence-transformers, faiss, torch) load only when that strategy is used. Nothing
 registers itself by import side effect. Each class exposes `NAME`, `VERSION`, `DEFAULTS` and is built
 with keyword parameters; `make_compressor` validates them.
+
+Names and versions. Every compressor records a versioned name (`<name>-v<N>`) in the log, and any
+recorded name can be made again: `window-v1`, `mask-observations-v1`, `mask-then-window-v1`, ...
+
+- An un-suffixed name always means the version it named when it was first released (version 1), so a
+  config or log that names it never changes meaning under it. `mask-observations`,
+  `truncate-tool-output` and `summarize` are therefore version 1: each does its own compression and
+  then, with its default `fallback="window"`, drops the oldest turns itself (`ctxkit.compress.v1`).
+- `<name>-v2` names a later version explicitly. `mask-observations-v2`, `truncate-tool-output-v2` and
+  `summarize-v2` do one thing only and have no `fallback`: alone they may leave a view over budget (the
+  builder then raises `BudgetError`).
+- Presets compose one thing with `window` as an explicit pipeline (`ctxkit.compress.presets`):
+  `mask-then-window`, `truncate-then-window`, `summarize-then-window`. With the same parameters they
+  give the same views as the version-1 strategies; prefer them (or a `pipeline` of your own) in new
+  configs.
+
+`fits_budget` on a compressor says whether it alone brings an over-budget view within the budget.
 """
 
 from __future__ import annotations
@@ -22,13 +39,20 @@ from ctxkit.registry import load_registered
 COMPRESSORS: dict[str, str] = {
     "keep-all": "ctxkit.compress.keep_all:KeepAll",
     "window": "ctxkit.compress.window:Window",
-    "mask-observations": "ctxkit.compress.mask_observations:MaskObservations",
-    "truncate-tool-output": "ctxkit.compress.truncate_tool_output:TruncateToolOutput",
-    "summarize": "ctxkit.compress.summarize:Summarize",
+    "mask-observations": "ctxkit.compress.v1:MaskObservationsV1",
+    "mask-observations-v2": "ctxkit.compress.mask_observations:MaskObservations",
+    "truncate-tool-output": "ctxkit.compress.v1:TruncateToolOutputV1",
+    "truncate-tool-output-v2": "ctxkit.compress.truncate_tool_output:TruncateToolOutput",
+    "summarize": "ctxkit.compress.v1:SummarizeV1",
+    "summarize-v2": "ctxkit.compress.summarize:Summarize",
     "retrieve": "ctxkit.compress.retrieve:Retrieve",
     "pipeline": "ctxkit.compress.pipeline:Pipeline",
+    "mask-then-window": "ctxkit.compress.presets:MaskThenWindow",
+    "truncate-then-window": "ctxkit.compress.presets:TruncateThenWindow",
+    "summarize-then-window": "ctxkit.compress.presets:SummarizeThenWindow",
 }
-"""Registry name -> `"module:Class"`."""
+"""Registry name -> `"module:Class"`. An un-suffixed name is version 1 of its strategy; `<name>-v<N>`
+entries are later versions; `<name>-v<N>` for a version registered un-suffixed resolves to that entry."""
 
 __all__ = [
     "COMPRESSORS",
@@ -42,15 +66,20 @@ __all__ = [
 
 
 def compressor_class(name: str) -> type:
-    """The class registered under `name` (a versioned name such as `window-v1` is accepted and checked)."""
-    base, version = split_versioned(name)
+    """The class registered under `name`, or the one whose versioned name is `name` (e.g. `window-v1`,
+    `mask-observations-v2`). `ConfigError` naming the registered names, or the known versions of that
+    strategy, otherwise."""
+    if not isinstance(name, str):
+        raise ConfigError(f"compressor name {name!r} is not a string; registered compressors: {sorted(COMPRESSORS)}")
     if name in COMPRESSORS:
-        base, version = name, None
-    if base not in COMPRESSORS:
+        return load_registered(COMPRESSORS, name, "compressor")
+    base, version = split_versioned(name)
+    if version is None or base not in COMPRESSORS:
         raise ConfigError(f"unknown compressor {name!r}; registered compressors: {sorted(COMPRESSORS)}")
     cls = load_registered(COMPRESSORS, base, "compressor")
-    if version is not None and version != cls.VERSION:
-        raise ConfigError(f"compressor {name!r}: this ctxkit has {base}-v{cls.VERSION}, not version {version}")
+    if version != cls.VERSION:
+        known = [f"{base}-v{cls.VERSION}"] + sorted(n for n in COMPRESSORS if split_versioned(n)[0] == base and n != base)
+        raise ConfigError(f"compressor {name!r}: this ctxkit has no version {version} of {base!r}; known versions: {known}")
     return cls
 
 

@@ -1,8 +1,8 @@
 """The compressor interface: specs, requests, the `Compressor` protocol and shared parameter handling (L2).
 
 A compressor looks at the current view (which already reflects every earlier compaction) and returns
-a `Compaction` event carrying only its NEW edits (ops defined in `ctxkit.view`), or None when it has
-nothing to do. The builder appends that event to the log, so the view stays a pure function of the log
+a `Compaction` event carrying only its NEW edits (typed records of `ctxkit.edits`, applied by
+`ctxkit.view`), or None when it has nothing to do. The builder appends that event to the log, so the view stays a pure function of the log
 and replay never re-runs a compressor.
 
 Common parameters (every compressor accepts them):
@@ -23,6 +23,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Mapping, Protocol, Sequence, runtime_checkable
 
+from ctxkit.edits import Edit
 from ctxkit.errors import ConfigError
 from ctxkit.events import Compaction, Event
 from ctxkit.view import View
@@ -97,17 +98,26 @@ class BaseCompressor:
 
     Subclasses set `NAME`, `VERSION`, `DEFAULTS` (their own parameters; the common ones are added) and
     implement `check_params(params)` (raise `ConfigError` on bad values) and `propose(request)`.
+    `FITS_BUDGET` says whether the strategy alone always brings an over-budget view within the budget
+    (or raises `BudgetError` naming the sizes); one that does one thing only (mask, truncate,
+    summarize) sets it False and is meant to be followed by a `window` stage in a pipeline.
     """
 
     NAME: ClassVar[str] = ""
     VERSION: ClassVar[int] = 1
     DEFAULTS: ClassVar[Mapping[str, Any]] = {}
+    FITS_BUDGET: ClassVar[bool] = True
 
     def __init__(self, **params: Any) -> None:
         self.params = resolve_params(type(self), params)
         self.check_common(self.params)
         self.check_params(self.params)
         self.spec = CompressorSpec(versioned(self.NAME, self.VERSION), _plain(self.params))
+
+    @property
+    def fits_budget(self) -> bool:
+        """Whether this compressor alone always brings an over-budget view within the budget."""
+        return self.FITS_BUDGET
 
     @classmethod
     def all_defaults(cls) -> dict[str, Any]:
@@ -155,8 +165,8 @@ class BaseCompressor:
         return Compaction(compressor=self.spec.name, params=dict(self.spec.params), edits=tuple(edits),
                           details={"tokens_before": n, **details})
 
-    def propose(self, request: CompressionRequest, n_tokens: int) -> tuple[list[dict[str, Any]], dict[str, Any]] | None:
-        """The new edits and details for this view (override). `n_tokens` is the measured current size."""
+    def propose(self, request: CompressionRequest, n_tokens: int) -> tuple[list[Edit], dict[str, Any]] | None:
+        """The new typed edits and details for this view (override). `n_tokens` is the measured current size."""
         raise NotImplementedError
 
 

@@ -16,6 +16,7 @@ class KeepAll(BaseCompressor):
 
     NAME = "keep-all"
     VERSION = 1
+    FITS_BUDGET = False
     DEFAULTS: Mapping[str, Any] = {"on_overflow": "error"}
 
     def check_params(self, p: Mapping[str, Any]) -> None:

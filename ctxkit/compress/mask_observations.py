@@ -1,18 +1,23 @@
-"""`mask-observations`: replace old tool outputs with a short placeholder (L2).
+"""`mask-observations-v2`: replace old tool outputs with a short placeholder, and nothing else (L2).
 
 Tool outputs outside the newest `keep_last` assistant turns are replaced by a placeholder naming the
 event id and the output's original size in tokens ("The Complexity Trap", 2025, kept a 10-turn window).
-The raw output stays in the log. If the masked view is still over budget, the window of unmasked turns
-shrinks (down to the newest turn); if that is still not enough and `fallback="window"`, the oldest turn
-groups are dropped as `window` does.
+The raw output stays in the log. If the masked view is still above `target_fraction * budget`, the
+window of unmasked turns shrinks (halving down to the newest turn). Masking alone may leave the view
+over budget: this version drops no turns. Follow it with `window` (the `mask-then-window` preset) to
+guarantee the budget.
+
+Version 1 (the un-suffixed registry name `mask-observations`, `ctxkit.compress.v1`) also drops the
+oldest turn groups itself when masking is not enough (`fallback="window"`).
 """
 
 from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ctxkit.compress.base import BaseCompressor, CompressionRequest, require_choice, require_fraction, require_int
-from ctxkit.compress.window import base_messages, estimate_size, fit_window
+from ctxkit.compress.base import BaseCompressor, CompressionRequest, require_fraction, require_int
+from ctxkit.compress.turns import base_messages, estimate_size
+from ctxkit.edits import MaskEdit
 from ctxkit.errors import ConfigError
 from ctxkit.events import ToolResult, content_text
 from ctxkit.view import View, apply_edits
@@ -21,27 +26,22 @@ DEFAULT_PLACEHOLDER = "[tool output {event_id} masked: {n_tokens} tokens]"
 
 
 class MaskObservations(BaseCompressor):
-    """Mask tool outputs older than the newest `keep_last` assistant turns."""
+    """Mask tool outputs older than the newest `keep_last` assistant turns (version 2: masking only)."""
 
     NAME = "mask-observations"
-    VERSION = 1
+    VERSION = 2
+    FITS_BUDGET = False
     DEFAULTS: Mapping[str, Any] = {
         "keep_last": 10,
         "placeholder": DEFAULT_PLACEHOLDER,
-        "fallback": "window",
-        "keep_first": 2,
         "target_fraction": 0.75,
     }
     """`keep_last`: assistant turns whose tool outputs stay unmasked; `placeholder`: format string with
-    `{event_id}`, `{n_tokens}` and `{name}`; `fallback`: `"window"` drops oldest turns when masking is not
-    enough, `"none"` leaves it to the builder's budget check; `keep_first`: messages the fallback keeps;
-    `target_fraction`: if masking beyond `keep_last` leaves the view above `target_fraction * budget`,
-    fewer turns stay unmasked (halving down to 1), then the fallback cuts to that size."""
+    `{event_id}`, `{n_tokens}` and `{name}`; `target_fraction`: if masking beyond `keep_last` leaves the
+    view above `target_fraction * budget`, fewer turns stay unmasked (halving down to 1)."""
 
     def check_params(self, p: Mapping[str, Any]) -> None:
         require_int(self.NAME, p, "keep_last", minimum=0)
-        require_int(self.NAME, p, "keep_first", minimum=0)
-        require_choice(self.NAME, p, "fallback", ("window", "none"))
         require_fraction(self.NAME, p, "target_fraction")
         ph = p["placeholder"]
         try:
@@ -55,13 +55,21 @@ class MaskObservations(BaseCompressor):
             ) from None
 
     def propose(self, request: CompressionRequest, n_tokens: int):
+        edits, details, _, size = self.mask(request, n_tokens)
+        details["tokens_after"] = size
+        return edits, details
+
+    def mask(self, request: CompressionRequest, n_tokens: int) -> tuple[list[MaskEdit], dict[str, Any], View, int]:
+        """`(edits, details, masked view, its measured size)`: mask beyond `keep_last` turns, halving the
+        unmasked window until the view is at most `target_fraction * budget` (or one turn is left)."""
         p = self.params
         view = request.view
         originals = _tool_results(request)
         keeps = [p["keep_last"]]
         while keeps[-1] > 1:
             keeps.append(keeps[-1] // 2)
-        edits: list[dict[str, Any]] = []
+        edits: list[MaskEdit] = []
+        candidate = view
         size = n_tokens
         used_keep = p["keep_last"]
         target = int(p["target_fraction"] * request.budget)
@@ -75,14 +83,7 @@ class MaskObservations(BaseCompressor):
             size = request.measure(candidate)
             if size <= target:
                 break
-        details: dict[str, Any] = {"masked": sum(1 for e in edits if e["op"] == "mask"), "keep_last_used": used_keep}
-        if size > target and p["fallback"] == "window":
-            candidate = apply_edits(view, edits, where=self.spec.name) if edits else view
-            more, _, size = fit_window(request, candidate, size, keep_first=p["keep_first"], target=target,
-                                       who=self.spec.name)
-            edits = edits + more
-        details["tokens_after"] = size
-        return edits, details
+        return edits, {"masked": len(edits), "keep_last_used": used_keep}, candidate, size
 
 
 def _tool_results(request: CompressionRequest) -> dict[str, ToolResult]:
@@ -95,12 +96,12 @@ def mask_edits(
     keep_last: int,
     placeholder: str,
     originals: Mapping[str, ToolResult],
-) -> list[dict[str, Any]]:
+) -> list[MaskEdit]:
     """Mask edits for every unmasked tool message outside the newest `keep_last` assistant turns."""
     msgs = base_messages(view)
     assistant_at = [i for i, m in enumerate(msgs) if m.role == "assistant"]
     cutoff = assistant_at[-keep_last] if 0 < keep_last <= len(assistant_at) else (len(msgs) if keep_last == 0 else 0)
-    edits: list[dict[str, Any]] = []
+    edits: list[MaskEdit] = []
     for m in msgs[:cutoff]:
         if m.role != "tool" or m.provenance.how not in ("verbatim", "truncated"):
             continue
@@ -108,6 +109,5 @@ def mask_edits(
         original = originals.get(eid)
         text = content_text(original.content) if original is not None else m.content
         n = request.tokenizer.count(text)
-        edits.append({"op": "mask", "event_id": eid,
-                      "text": placeholder.format(event_id=eid, n_tokens=n, name=m.name or "tool")})
+        edits.append(MaskEdit(eid, placeholder.format(event_id=eid, n_tokens=n, name=m.name or "tool")))
     return edits

@@ -1,9 +1,13 @@
 """`pipeline`: run several compressors in order, each on the view the previous ones produced (L2).
 
-Each stage keeps its own trigger. A stage other than the last that has a `fallback` parameter gets
-`fallback="none"` unless its params set it, so later stages get their turn before turns are dropped.
-The pipeline's compaction carries the concatenation of the stages' edits (so one event records the
-whole decision) and each stage's details.
+The pipeline's own trigger gates the whole run; then each stage keeps its own trigger. The pipeline's
+compaction carries the concatenation of the stages' edits (so one event records the whole decision) and
+each stage's details.
+
+Version-1 stages (`mask-observations`, `truncate-tool-output`, `summarize`, which carry a built-in window
+`fallback`): a stage other than the last gets `fallback="none"` unless its params set it, so later
+stages get their turn before turns are dropped. Version-2 stages do one thing and have no fallback: put
+a `window` stage last to guarantee the budget (as the presets in `ctxkit.compress.presets` do).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import dataclasses
 from typing import Any, Mapping
 
 from ctxkit.compress.base import BaseCompressor, CompressionRequest
+from ctxkit.edits import Edit
 from ctxkit.errors import ConfigError
 from ctxkit.events import Compaction
 from ctxkit.view import apply_edits
@@ -20,6 +25,7 @@ DEFAULT_STAGES: tuple[Mapping[str, Any], ...] = (
     {"name": "truncate-tool-output", "params": {}},
     {"name": "mask-observations", "params": {}},
 )
+"""The default `stages` (version-1 strategies: recorded specs name them, so the default keeps its meaning)."""
 
 
 class Pipeline(BaseCompressor):
@@ -53,18 +59,23 @@ class Pipeline(BaseCompressor):
             except ConfigError as exc:
                 raise ConfigError(f"{self.NAME}: stage {i}: {exc}") from None
 
+    @property
+    def fits_budget(self) -> bool:
+        """True when some stage alone brings the view within the budget."""
+        return any(getattr(stage, "fits_budget", True) for stage in self.stages)
+
     def compact(self, request: CompressionRequest) -> Compaction | None:
         fire, n = self.triggered(request)
         if not fire:
             return None
-        edits: list[dict[str, Any]] = []
+        edits: list[Edit] = []
         stage_details: list[dict[str, Any]] = []
         overflow = False
         for stage in self.stages:
             c = stage.compact(request)
             if c is None:
                 continue
-            edits.extend(dict(e) for e in c.edits)
+            edits.extend(c.edits)
             stage_details.append({"compressor": c.compressor, "details": dict(c.details)})
             overflow = overflow or bool(c.details.get("overflow"))
             if c.edits:

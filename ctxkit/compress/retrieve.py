@@ -8,7 +8,7 @@ an incremental faiss index (`ctxkit.embeddings.PassageIndex`), kept on the compr
 episode, so a builder pays per turn only for the events that just left the window plus one query.
 
 The query is the newest user message plus the newest assistant or tool text. The `top_k` documents
-with the best passage scores come back as one block (`{"op": "retrieved", ...}`, placed by the view just
+with the best passage scores come back as one block (a `RetrievedEdit`, placed by the view just
 before the newest turn) listing each passage with its event; the event ids, the block text and the
 scores are recorded, so replay never embeds anything. Room for the block is made by dropping more old
 groups; when the newest turns leave no room, fewer passages are returned.
@@ -23,7 +23,8 @@ from collections import OrderedDict
 from typing import Any, Mapping, Sequence
 
 from ctxkit.compress.base import BaseCompressor, CompressionRequest, require_choice, require_int
-from ctxkit.compress.window import base_messages, fit_window
+from ctxkit.compress.turns import base_messages, fit_window
+from ctxkit.edits import DropEdit, Edit, RetrievedEdit
 from ctxkit.embeddings import Hit, PassageIndex, TextEmbedder, text_sha
 from ctxkit.errors import ConfigError
 from ctxkit.events import EpisodeStart, Event, Message, Step, ToolResult, content_text
@@ -141,7 +142,7 @@ class Retrieve(BaseCompressor):
                 index.add(((eid, text) for eid, text, _ in out), also=(query,))
                 ranks = {(eid, text_sha(text)): i for i, (eid, text, _) in enumerate(out)}
                 hits = index.search(query, k, ranks)
-            edits = list(drops)
+            edits: list[Edit] = list(drops)
             if hits:
                 labels = {eid: label for eid, _, label in out}
                 edits.append(block_edit(hits, labels, p["role"]))
@@ -157,8 +158,8 @@ class Retrieve(BaseCompressor):
                 k -= 1
             else:
                 break
-        if old is not None and len(edits) == 1 and edits[0]["op"] == "retrieved":
-            if list(old.provenance.event_ids) == edits[0]["event_ids"] and old.content == edits[0]["text"]:
+        if old is not None and len(edits) == 1 and isinstance(edits[0], RetrievedEdit):
+            if old.provenance.event_ids == edits[0].event_ids and old.content == edits[0].text:
                 return None  # same block as before and nothing dropped: nothing to record
         details: dict[str, Any] = {
             "embedder": self.embedder.id,
@@ -224,23 +225,17 @@ def latest_query(messages: Sequence[ViewMessage]) -> str:
     return "\n".join(t for t in (user, tail) if t.strip())
 
 
-def block_edit(hits: Sequence[Hit], labels: Mapping[str, str], role: str) -> dict[str, Any]:
+def block_edit(hits: Sequence[Hit], labels: Mapping[str, str], role: str) -> RetrievedEdit:
     """The `retrieved` edit listing `hits` (passage texts, their events and scores)."""
     lines = [BLOCK_HEADER]
     for i, h in enumerate(hits, 1):
         lines.append(f"[{i}] {labels.get(h.passage.doc_id, 'event')} (event {h.passage.doc_id}): {h.passage.text}")
-    return {
-        "op": "retrieved",
-        "event_ids": [h.passage.doc_id for h in hits],
-        "text": "\n".join(lines),
-        "scores": [h.score for h in hits],
-        "role": role,
-    }
+    return RetrievedEdit(tuple(h.passage.doc_id for h in hits), "\n".join(lines), tuple(h.score for h in hits), role)
 
 
-def _remove_block(old: ViewMessage, view: View) -> list[dict[str, Any]]:
+def _remove_block(old: ViewMessage, view: View) -> list[DropEdit]:
     """A `drop` edit removing the earlier retrieved block, using only ids that name no other message of
     the view (none when there is no such id)."""
     others = {i for m in view.messages if m is not old for i in m.provenance.event_ids}
     ids = [i for i in old.provenance.event_ids if i not in others]
-    return [{"op": "drop", "event_ids": ids}] if ids else []
+    return [DropEdit(tuple(ids))] if ids else []

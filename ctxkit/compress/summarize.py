@@ -1,17 +1,17 @@
-"""`summarize`: replace older turns by one summary message from a pluggable summarizer (L2).
+"""`summarize-v2`: replace older turns by one summary message from a pluggable summarizer (L2).
 
 When triggered, everything after the first `keep_first` messages and before the newest `keep_last` turn
 groups (an assistant message with its tool results, or one other message) is replaced by ONE summary
-message (`{"op": "summary", ...}`), so no tool call is split from its results. An earlier summary in
+message (a `SummaryEdit`), so no tool call is split from its results. An earlier summary in
 that range is folded into the new one (its text is part of the summarizer's input and its covered ids
 are covered again), so the view holds at most one summary.
 
 The number of kept groups is chosen from exact measurements of the view with the covered turns removed:
 the most groups that fit with the actual summary (the summarizer runs at most twice per compaction).
-If even one kept group plus the summary does not fit, the summary is cut shorter, and then (with
-`fallback="window"`) old turn groups are dropped as `window` does; the result is never over budget and
-never orphans a tool call or result (`BudgetError` when even the fixed prefix and the newest turn do
-not fit).
+If even one kept group plus the summary does not fit, the summary is cut shorter; this version drops no
+turns, so the result may still be over budget. Follow it with `window` (the `summarize-then-window`
+preset) to guarantee the budget. Version 1 (the un-suffixed registry name `summarize`,
+`ctxkit.compress.v1`) drops old turn groups itself (`fallback="window"`).
 
 The summary text, the summarizer's id and version, the covered event ids and the token counts are all
 recorded in the compaction event; replay never runs the summarizer. Summaries are memoized on the
@@ -32,7 +32,8 @@ from typing import Any, Mapping
 import orjson
 
 from ctxkit.compress.base import BaseCompressor, CompressionRequest, require_choice, require_int
-from ctxkit.compress.window import base_messages, fit_window, prefix_groups, turn_groups
+from ctxkit.compress.turns import base_messages, prefix_groups, turn_groups
+from ctxkit.edits import DropEdit, Edit, SummaryEdit
 from ctxkit.errors import ConfigError
 from ctxkit.summarizers import SUMMARIZERS, Summarizer, SummarizerError, make_summarizer
 from ctxkit.view import View, ViewMessage, apply_edits
@@ -44,13 +45,15 @@ SUMMARY_RESERVE_TOKENS = 24
 """Tokens allowed for the header and the message scaffold when estimating a summary's size."""
 
 ROLES = ("user", "assistant", "system")
+"""Roles the summary message may take."""
 
 
 class Summarize(BaseCompressor):
-    """Replace older turns by one summary (see the module docstring)."""
+    """Replace older turns by one summary (see the module docstring; version 2: summarizing only)."""
 
     NAME = "summarize"
-    VERSION = 1
+    VERSION = 2
+    FITS_BUDGET = False
     DEFAULTS: Mapping[str, Any] = {
         "summarizer": "extractive",
         "summarizer_params": {},
@@ -58,15 +61,13 @@ class Summarize(BaseCompressor):
         "keep_last": 4,
         "max_summary_tokens": 256,
         "role": "user",
-        "fallback": "window",
     }
     """`summarizer`: a name in `ctxkit.summarizers.SUMMARIZERS` (`extractive`, `lm`) or a `Summarizer`;
     `summarizer_params`: keyword parameters of that summarizer (e.g. `{"n_sentences": 8}` or
     `{"model_path": ..., "max_new_tokens": 96}`); `keep_first`: leading messages kept verbatim (extended
     to a whole group); `keep_last`: newest turn groups kept verbatim when they fit (at least 1 always);
     `max_summary_tokens`: the summary body is cut to this many tokens of the context's tokenizer; `role`:
-    role of the summary message; `fallback`: `"window"` drops old turns when the summary is not enough,
-    `"none"` leaves that to a later pipeline stage or the builder's budget check."""
+    role of the summary message."""
 
     def __init__(self, **params: Any) -> None:
         given = params.get("summarizer")
@@ -87,7 +88,6 @@ class Summarize(BaseCompressor):
         require_int(self.NAME, p, "keep_last", minimum=1)
         require_int(self.NAME, p, "max_summary_tokens", minimum=8)
         require_choice(self.NAME, p, "role", ROLES)
-        require_choice(self.NAME, p, "fallback", ("window", "none"))
         sp = p["summarizer_params"]
         if not isinstance(sp, Mapping):
             raise ConfigError(f"{self.NAME}: parameter 'summarizer_params' is {sp!r}; expected a mapping")
@@ -108,6 +108,17 @@ class Summarize(BaseCompressor):
     # ----------------------------------------------------------------------------------------- propose
 
     def propose(self, request: CompressionRequest, n_tokens: int):
+        return self.finish(request, *self.summarize_turns(request, n_tokens))
+
+    def finish(self, request: CompressionRequest, edits: list[Edit], details: dict[str, Any], view: View, size: int):
+        """What `propose` returns for the summary edits (none when there was nothing new to summarize)."""
+        if not edits:
+            return None
+        details["tokens_after"] = size
+        return edits, details
+
+    def summarize_turns(self, request: CompressionRequest, n_tokens: int) -> tuple[list[Edit], dict[str, Any], View, int]:
+        """`(edits, details, summarized view, its measured size)`; no edits when nothing new is coverable."""
         p = self.params
         view = request.view
         msgs = base_messages(view)
@@ -129,12 +140,12 @@ class Summarize(BaseCompressor):
                 if over:
                     continue
                 break
-            removed = apply_edits(view, [{"op": "drop", "event_ids": _ids(covered)}], where=self.spec.name)
+            removed = apply_edits(view, [DropEdit(tuple(_ids(covered)))], where=self.spec.name)
             options.append((keep, covered, request.measure(removed)))
             if options[-1][2] + reserve <= budget:
                 break
         if not options:
-            return self._fallback(request, view, n_tokens, {"summarized": False})
+            return [], {"summarized": False}, view, n_tokens
         hopeful = next((o for o in options if o[2] + SUMMARY_RESERVE_TOKENS <= budget), options[-1])
         tries = [hopeful] if hopeful is options[-1] else [hopeful, options[-1]]
 
@@ -148,35 +159,19 @@ class Summarize(BaseCompressor):
             "covered_messages": len(covered),
             "kept_last_groups": keep,
         }
-        if size > budget:  # cut the summary to the room left, then fall back to dropping turns
+        if size > budget:  # cut the summary to the room left
             room = p["max_summary_tokens"] - (size - budget) - 4
             if room > 0:
                 text, edits, cand, size = self._fit_summary(request, view, covered, body, room)
             details["summary_cut"] = True
         details["summary_tokens"] = request.tokenizer.count(text)
-        if size > budget:
-            return self._fallback(request, cand, size, details, edits)
-        details["tokens_after"] = size
-        return edits, details
+        return edits, details, cand, size
 
     def _fit_summary(self, request: CompressionRequest, view: View, covered: list[ViewMessage], body: str, limit: int):
         text = SUMMARY_HEADER + "\n" + cut_to_tokens(request.tokenizer, body or "(nothing to summarize)", limit)
-        edits = [{"op": "summary", "event_ids": _ids(covered), "text": text, "role": self.params["role"]}]
+        edits: list[Edit] = [SummaryEdit(tuple(_ids(covered)), text, self.params["role"])]
         cand = apply_edits(view, edits, where=self.spec.name)
         return text, edits, cand, request.measure(cand)
-
-    def _fallback(self, request: CompressionRequest, view: View, size: int, details: dict[str, Any], edits=None):
-        """Drop old turn groups (fallback `window`) or return what there is (`none`)."""
-        edits = list(edits or [])
-        if size > request.budget and self.params["fallback"] == "window":
-            more, _, size = fit_window(request, view, size, keep_first=self.params["keep_first"], who=self.spec.name)
-            if more:
-                details["dropped_event_ids"] = list(more[0]["event_ids"])
-            edits += more
-        if not edits:
-            return None
-        details["tokens_after"] = size
-        return edits, details
 
     def _summary(self, covered: list[ViewMessage]) -> str:
         """The summarizer's text for `covered` (memoized by input)."""

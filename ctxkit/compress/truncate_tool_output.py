@@ -1,64 +1,64 @@
-"""`truncate-tool-output`: cap each tool output at `max_tokens` real tokens (L2).
+"""`truncate-tool-output-v2`: cap each tool output at `max_tokens` real tokens, and nothing else (L2).
 
 The kept part (`head`, `tail`, `head_tail` or `middle`) is cut on token boundaries of the real tokenizer
 and joined with a marker naming the event and how many tokens were cut; the whole truncated text
-re-tokenizes to at most `max_tokens` tokens. If the capped view is still over budget and
-`fallback="window"`, the oldest turn groups are dropped as `window` does.
+re-tokenizes to at most `max_tokens` tokens. Capping alone may leave the view over budget: this version
+drops no turns. Follow it with `window` (the `truncate-then-window` preset) to guarantee the budget.
+
+Version 1 (the un-suffixed registry name `truncate-tool-output`, `ctxkit.compress.v1`) also drops the
+oldest turn groups itself when capping is not enough (`fallback="window"`).
 """
 
 from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ctxkit.compress.base import BaseCompressor, CompressionRequest, require_choice, require_fraction, require_int
-from ctxkit.compress.window import base_messages, fit_window
-from ctxkit.view import apply_edits
+from ctxkit.compress.base import BaseCompressor, CompressionRequest, require_choice, require_int
+from ctxkit.compress.turns import base_messages
+from ctxkit.edits import TruncateEdit
+from ctxkit.view import View, apply_edits
 
 KEEPS: tuple[str, ...] = ("head", "tail", "head_tail", "middle")
+"""Which part of an output survives."""
 MARKER = "[... {n_cut} tokens of {event_id} truncated ...]"
+"""The marker joined into a truncated output."""
 
 
 class TruncateToolOutput(BaseCompressor):
-    """Cap every tool output at `max_tokens` tokens."""
+    """Cap every tool output at `max_tokens` tokens (version 2: capping only)."""
 
     NAME = "truncate-tool-output"
-    VERSION = 1
-    DEFAULTS: Mapping[str, Any] = {"max_tokens": 256, "keep": "head_tail", "fallback": "window", "keep_first": 2,
-                                   "target_fraction": 0.75}
-    """`max_tokens`: cap per tool output (marker included); `keep`: which part survives; `fallback`:
-    `"window"` drops oldest turns if capping leaves the view over budget (cutting it to
-    `target_fraction * budget`), `"none"` leaves it to the budget check; `keep_first`: messages the
-    fallback keeps."""
+    VERSION = 2
+    FITS_BUDGET = False
+    DEFAULTS: Mapping[str, Any] = {"max_tokens": 256, "keep": "head_tail"}
+    """`max_tokens`: cap per tool output (marker included); `keep`: which part survives."""
 
     def check_params(self, p: Mapping[str, Any]) -> None:
         require_int(self.NAME, p, "max_tokens", minimum=32)
         require_choice(self.NAME, p, "keep", KEEPS)
-        require_choice(self.NAME, p, "fallback", ("window", "none"))
-        require_int(self.NAME, p, "keep_first", minimum=0)
-        require_fraction(self.NAME, p, "target_fraction")
 
     def propose(self, request: CompressionRequest, n_tokens: int):
+        edits, details, _, size = self.truncate(request, n_tokens)
+        details["tokens_after"] = size
+        return edits, details
+
+    def truncate(self, request: CompressionRequest, n_tokens: int) -> tuple[list[TruncateEdit], dict[str, Any], View, int]:
+        """`(edits, details, capped view, its measured size)`."""
         p = self.params
         view = request.view
-        edits: list[dict[str, Any]] = []
+        edits: list[TruncateEdit] = []
         for m in base_messages(view):
             if m.role != "tool" or m.provenance.how != "verbatim":
                 continue
             eid = m.provenance.event_ids[0]
             text = truncate_text(request.tokenizer, m.content, p["max_tokens"], p["keep"], eid)
             if text is not None:
-                edits.append({"op": "truncate", "event_id": eid, "text": text})
+                edits.append(TruncateEdit(eid, text))
         size = n_tokens
-        details: dict[str, Any] = {"truncated": len(edits)}
         if edits:
             view = apply_edits(view, edits, where=self.spec.name)
             size = request.measure(view)
-        if size > request.budget and p["fallback"] == "window":
-            more, _, size = fit_window(request, view, size, keep_first=p["keep_first"],
-                                       target=int(p["target_fraction"] * request.budget), who=self.spec.name)
-            edits = edits + more
-        details["tokens_after"] = size
-        return edits, details
+        return edits, {"truncated": len(edits)}, view, size
 
 
 def truncate_text(tokenizer: Any, text: str, max_tokens: int, keep: str, event_id: str) -> str | None:

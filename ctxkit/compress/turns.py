@@ -1,0 +1,144 @@
+"""Turn groups and the oldest-first drop that several compressors share (L2).
+
+A turn group is an assistant message together with the tool results answering its calls, or any other
+single message. `fit_window` drops whole groups, oldest first (after a kept prefix, never the newest
+`keep_last`), so no tool call or result is ever orphaned; `window` is built on it, and `retrieve` and the
+version-1 strategies (their built-in window fallback) use it too. `estimate_size` guesses a candidate
+view's render size from a measured one, to pick which candidate to measure exactly.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from ctxkit.compress.base import CompressionRequest
+from ctxkit.edits import DropEdit
+from ctxkit.errors import BudgetError
+from ctxkit.view import View, ViewMessage, apply_edits
+
+__all__ = ["base_messages", "estimate_size", "fit_window", "message_cost", "prefix_groups", "turn_groups"]
+
+
+def base_messages(view: View) -> list[ViewMessage]:
+    """The view's messages without the derived pinned block."""
+    return [m for m in view.messages if m.provenance.how != "pinned"]
+
+
+def turn_groups(messages: Sequence[ViewMessage]) -> list[tuple[int, int]]:
+    """`[start, end)` index ranges: an assistant message with the tool messages after it, or one message."""
+    groups: list[tuple[int, int]] = []
+    i = 0
+    n = len(messages)
+    while i < n:
+        j = i + 1
+        if messages[i].role == "assistant" and messages[i].tool_calls:
+            while j < n and messages[j].role == "tool":
+                j += 1
+        groups.append((i, j))
+        i = j
+    return groups
+
+
+def prefix_groups(groups: Sequence[tuple[int, int]], keep_first: int) -> int:
+    """How many leading groups cover the first `keep_first` messages (a cut group is kept whole)."""
+    k = 0
+    for start, _ in groups:
+        if start >= keep_first:
+            break
+        k += 1
+    return k
+
+
+def message_cost(tokenizer: Any, m: ViewMessage) -> int:
+    """Token count of a message's texts (content, call names and arguments, reasoning), without scaffold."""
+    n = tokenizer.count(m.content) if m.content else 0
+    for tc in m.tool_calls:
+        n += tokenizer.count(tc.name) + tokenizer.count(tc.arguments_text())
+    if m.reasoning_content:
+        n += tokenizer.count(m.reasoning_content)
+    return n
+
+
+def estimate_size(tokenizer: Any, view: View, n_tokens: int, candidate: View) -> int:
+    """Estimated render size of `candidate` from the measured size `n_tokens` of `view`: the text-token
+    difference of the messages that differ, plus a per-message scaffold calibrated on `view`. Used to
+    choose which candidate to measure exactly; never a substitute for the measurement."""
+    text = sum(message_cost(tokenizer, m) for m in view.messages)
+    per_msg = max(0.0, (n_tokens - text) / max(1, len(view.messages)))
+    old = {id(m) for m in view.messages}
+    new = {id(m) for m in candidate.messages}
+    added = sum(message_cost(tokenizer, m) + per_msg for m in candidate.messages if id(m) not in old)
+    removed = sum(message_cost(tokenizer, m) + per_msg for m in view.messages if id(m) not in new)
+    return int(n_tokens + added - removed)
+
+
+def fit_window(
+    request: CompressionRequest,
+    view: View,
+    n_tokens: int,
+    *,
+    keep_first: int,
+    keep_last: int = 1,
+    target: int | None = None,
+    who: str = "window-v1",
+) -> tuple[list[DropEdit], View, int]:
+    """Drop the oldest turn groups of `view` (after the first `keep_first` messages, never the newest
+    `keep_last` groups) until its measured size is at most `target` (default: the budget), keeping as many
+    groups as fit. Returns `(edits, new view, new size)`; no edits when it already fits.
+
+    Raises `BudgetError` naming the sizes when even the kept prefix and newest groups exceed the budget.
+    """
+    budget = request.budget
+    target = budget if target is None else min(target, budget)
+    if n_tokens <= target:
+        return [], view, n_tokens
+    msgs = base_messages(view)
+    groups = turn_groups(msgs)
+    first = prefix_groups(groups, keep_first)
+    droppable = max(0, len(groups) - first - keep_last)
+    tok = request.tokenizer
+    costs = [sum(message_cost(tok, msgs[k]) for k in range(s, e)) for s, e in groups]
+    # Calibrate the per-message scaffold from the measured size, to estimate candidates before measuring.
+    text_total = sum(costs) + sum(message_cost(tok, m) for m in view.messages if m.provenance.how == "pinned")
+    per_msg = max(0.0, (n_tokens - text_total) / max(1, len(view.messages)))
+    group_est = [c + per_msg * (e - s) for c, (s, e) in zip(costs, groups)]
+
+    def candidate(d: int) -> tuple[list[DropEdit], View]:
+        ids: list[str] = []
+        for s, e in groups[first:first + d]:
+            for k in range(s, e):
+                ids.extend(msgs[k].provenance.event_ids)
+        if not ids:
+            return [], view
+        edits = [DropEdit(tuple(ids))]
+        return edits, apply_edits(view, edits, where=who)
+
+    # First guess from the estimates.
+    need = n_tokens - target
+    d, acc = 0, 0.0
+    while d < droppable and acc < need:
+        acc += group_est[first + d]
+        d += 1
+    measured: dict[int, tuple[int, list[DropEdit], View]] = {}
+
+    def measure(d: int) -> int:
+        if d not in measured:
+            edits, v = candidate(d)
+            measured[d] = (request.measure(v) if edits else n_tokens, edits, v)
+        return measured[d][0]
+
+    while measure(d) > target and d < droppable:
+        d += 1
+    if measure(d) > target:
+        size = measure(d)
+        if size > budget:
+            raise BudgetError(
+                f"{who}: even the first {keep_first} message(s), the pinned constraints and the newest "
+                f"{keep_last} turn(s) take {size} tokens, over the budget of {budget} tokens "
+                f"(the full view was {n_tokens} tokens)"
+            )
+    else:
+        while d > 0 and measure(d - 1) <= target:  # keep as many groups as fit
+            d -= 1
+    size, edits, v = measured[d]
+    return edits, v, size
