@@ -4,6 +4,8 @@ Builds a long agent episode turn by turn (assistant tool call, ~300-word tool ou
 the same run: ctxkit's `IncrementalRenderer` (append + render with the generation prompt at every
 turn), `apply_chat_template(tokenize=True)` on the whole history at every turn, and encoding only the
 new text of each turn (a lower bound). Ids are compared at every turn.
+
+Layer L4 (experiment): imports the library layers below it, never the CLI.
 """
 
 from __future__ import annotations
