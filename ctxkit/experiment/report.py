@@ -188,12 +188,16 @@ def _comp(c: Mapping[str, Any]) -> str:
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    """Lines of a GitHub markdown table; `ValueError` when a row's cell count differs from the header's."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    """Lines of a GitHub markdown table (`|` inside a cell escaped); `ValueError` when a row's cell count differs
+    from the header's."""
+    def line(cells: Sequence[str]) -> str:
+        return "| " + " | ".join(str(c).replace("|", "\\|").replace("\n", " ") for c in cells) + " |"
+
+    lines = [line(header), "|" + "---|" * len(header)]
     for row in rows:
         if len(row) != len(header):
             raise ValueError(f"markdown table row has {len(row)} cells, the header {len(header)}: {list(row)}")
-        lines.append("| " + " | ".join(row) + " |")
+        lines.append(line(row))
     return lines
 
 
@@ -324,7 +328,7 @@ def latency_figure(summary: Mapping[str, Any]) -> Any:
     plt = _pyplot()
     arms = list(summary["arms"])
     seconds = stage_seconds(summary)
-    fig, ax = plt.subplots(figsize=(max(7.0, 1.2 * len(arms) + 3), 4.8))
+    fig, ax = plt.subplots(figsize=(max(8.0, 1.2 * len(arms) + 4), 4.8))
     width = 0.8 / len(STAGES)
     positive = [v for a in arms for v in seconds[a].values() if v > 0]
     for k, (key, label) in enumerate(STAGES):
@@ -339,7 +343,7 @@ def latency_figure(summary: Mapping[str, Any]) -> Any:
     ax.set_ylabel("seconds per episode (mean, log scale)")
     ax.set_title("Where time goes per arm (stages at 0 s have no bar)")
     ax.grid(axis="y", alpha=0.3, which="both")
-    ax.legend(fontsize=8, ncol=3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="stage", title_fontsize=8)
     fig.tight_layout()
     return fig
 

@@ -2,18 +2,27 @@
 
 `run_experiment(config, out_dir, executor="local"|"ray", workers=N, address=None)`:
 
+0. Before anything is written: `out_dir` must be a folder or creatable as one, and a Ray `address` must
+   take a TCP connection within `RAY_CONNECT_TIMEOUT_S` (`check_ray_address`), else a `ConfigError`.
 1. `validate(config)` before any episode: every task is built and given a throwaway episode, every agent
    class is found and its parameters checked, every compressor is built, the tokenizer and template load,
    and each arm's opening context (with its pins) is built for each task: a budget too small for the pinned
    prefix, or an opening context over `max_context`, is a `ConfigError` naming the arm, task and file.
-2. Resume: `OUT/run.json` records the config fingerprint (a different config in the same folder is refused).
+2. Lock: the run folder is locked for the whole run (`run_folder.RunLock`, an OS lock dropped when the
+   process dies), so a second run on the same folder is refused and no episode gets two rows.
+3. Resume: `OUT/run.json` records the config fingerprint (a different config in the same folder is refused).
    A row of `OUT/results.jsonl` is kept when its episode log verifies (`log.verify`) and ends with an
    `EpisodeEnd`; every other episode of the grid is run from scratch, after its partial log (if any) is
    renamed to `<log>.aborted-<n>` (kept for inspection, never read again). Resuming never calls
    `replay.resume`: an episode is short, and a clean rerun gives a row identical to an uninterrupted run.
-3. Each finished episode's row is appended to `results.jsonl` and fsynced, in completion order (readers sort
+   Repeated rows of one episode and a torn last line are dropped from `results.jsonl` here.
+4. Each finished episode's row is appended to `results.jsonl` and fsynced, in completion order (readers sort
    by arm, task, seed). Progress shows on stderr with rich.
-4. The report (`report.md`, plots) is written from `results.jsonl`.
+5. The report (`report.md`, plots) is written from `results.jsonl`.
+
+Ctrl-C (SIGINT) raises `RunInterrupted` (a `KeyboardInterrupt` carrying how many finished episodes are kept):
+local workers ignore SIGINT and are stopped by the parent, queued Ray tasks are cancelled, the lock is
+released, and a rerun resumes.
 """
 
 from __future__ import annotations
@@ -189,6 +198,7 @@ def _prepare(config: ExperimentConfig, out: Path) -> tuple[list[EpisodeSpec], in
                 f"{out} holds a run of another config ({info.get('config')}, fingerprint "
                 f"{str(info.get('fingerprint'))[:12]}); use another --out folder"
             )
+    original = read_rows(out, resume=True)  # foreign rows refused before anything is written; torn tail dropped
     info = {"config": config.path, "fingerprint": fp, "experiment": dataclasses.asdict(config)}
     tmp = info_path.with_suffix(".tmp")
     tmp.write_text(json.dumps(info, indent=1, sort_keys=True, default=str))
@@ -196,7 +206,6 @@ def _prepare(config: ExperimentConfig, out: Path) -> tuple[list[EpisodeSpec], in
     grid = config.episodes()
     keys = {s.key for s in grid}
     kept: dict[str, dict[str, Any]] = {}
-    original = read_rows(out, resume=True)  # a torn last row and repeated episodes are dropped here
     for row in original:
         key = row["episode_id"]
         log = row.get("log")
@@ -358,7 +367,8 @@ def run_experiment(
 
                 report_path = str(write_report(out))
         except KeyboardInterrupt:
-            raise RunInterrupted(str(out), len(written)) from None
+            # count what is on disk: the signal may land between a row's append and its bookkeeping
+            raise RunInterrupted(str(out), len(read_rows(out, resume=True))) from None
     return RunSummary(str(out), total, reused, len(todo), tuple(aborted), report_path)
 
 

@@ -108,6 +108,13 @@ def _folder_in_use(tmp, finished):
 _HELD: list[RunLock] = []
 
 
+def _resume_over_a_foreign_row(tmp, finished):
+    run = _run_copy(tmp, finished)
+    (run / "results.jsonl").write_bytes(b'["not", "a", "row"]\n' + _first_row(finished))
+    return ["ablate", str(write_config(tmp, tiny_toml())), "--out", str(run)], \
+        f"{run / 'results.jsonl'}:1: not a ctxkit results row (a JSON list, expected an object)"
+
+
 def _report_foreign_row(tmp, finished):
     run = _run_copy(tmp, finished)
     (run / "results.jsonl").write_bytes(_first_row(finished) + b'{"id": 7, "text": "hello"}\n')
@@ -158,6 +165,7 @@ CASES = {
     "ablate needle-recall n_files over the pool": _needle_pool,
     "ablate --validate-only needle-recall n_files over the pool": _needle_pool_validate_only,
     "ablate run folder in use": _folder_in_use,
+    "ablate resume over a foreign row": _resume_over_a_foreign_row,
     "report foreign row": _report_foreign_row,
     "report wrong field type": _report_wrong_type,
     "report binary content": _report_binary,

@@ -139,7 +139,7 @@ def test_every_table_renders_on_github_with_units_in_the_column_names():
 def test_markdown_table_refuses_a_row_of_another_width():
     from ctxkit.experiment.report import markdown_table
 
-    assert markdown_table(["a", "b"], [["1", "2"]]) == ["| a | b |", "|---|---|", "| 1 | 2 |"]
+    assert markdown_table(["a", "b"], [["1", "x|y"]]) == ["| a | b |", "|---|---|", "| 1 | x\\|y |"]
     with pytest.raises(ValueError, match="row has 3 cells, the header 2"):
         markdown_table(["a", "b"], [["1", "2", "3"]])
 
