@@ -314,13 +314,15 @@ def limit_filter(name: str, func: Any) -> Any:
     offset = 1 if getattr(func, "jinja_pass_arg", None) is not None else 0
     stringifies = name in _STRINGIFYING
 
+    what = f"the result of |{name}"
+
     @functools.wraps(func)
     def limited(*args: Any, **kwargs: Any) -> Any:
         budget = _ACTIVE.get()
         if budget is not None:
             budget.tick()
         args = _filter_check(name, args, offset, kwargs, stringifies)
-        return check_result(func(*args, **kwargs), f"the result of |{name}")
+        return check_result(func(*args, **kwargs), what)
 
     return limited
 

@@ -35,6 +35,8 @@ from ctxkit.template_limits import (
     loop_guard, render_budget, tojson,
 )
 
+_SIZED = (str, bytes, list, tuple, dict)
+
 RENDER_CLOCK = datetime(2026, 1, 1, 12, 0, 0)
 """The date `strftime_now` reports in every render (recorded in each template's `options`)."""
 
@@ -167,8 +169,15 @@ def _build_environment():
             )
 
         def call_binop(self, context, operator, left, right):
-            check_binop(operator, left, right)
-            return check_result(self.binop_table[operator](left, right), f"the result of '{operator}'")
+            if operator == "+":  # the common case (string building, index arithmetic): checked inline
+                if type(left) is str and type(right) is str:
+                    if len(left) + len(right) > active_limits().max_length:
+                        check_length(len(left) + len(right), "'+' on a str")
+                    return left + right
+                if type(left) is int and type(right) is int:
+                    return left + right
+            check_binop(operator, left, right)  # sizes are known before: no check after
+            return self.binop_table[operator](left, right)
 
         def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 - Jinja's signature
             budget = current_budget()
@@ -177,8 +186,10 @@ def _build_environment():
             budget.tick()
             if budget.depth >= budget.limits.max_depth:
                 limit_exceeded("max_depth", budget.limits.max_depth, "calls nested too deeply (recursion?)")
+            cap = budget.limits.max_length
             for a in itertools.chain(args, kwargs.values()):
-                check_result(a, "an argument")
+                if isinstance(a, _SIZED) and len(a) > cap:
+                    check_result(a, "an argument")
             if isinstance(getattr(__obj, "__self__", None), str) and callable(__obj):
                 args = check_str_method(__obj, args, kwargs)
             budget.depth += 1
@@ -186,7 +197,9 @@ def _build_environment():
                 result = super().call(__context, __obj, *args, **kwargs)
             finally:
                 budget.depth -= 1
-            return check_result(result, "the result of a call")
+            if isinstance(result, _SIZED) and len(result) > cap:
+                check_result(result, "the result of a call")
+            return result
 
         def wrap_str_format(self, value):
             if getattr(value, "__name__", None) not in ("format", "format_map") or not isinstance(
@@ -215,11 +228,12 @@ def _build_environment():
                 return "".join(pieces)
             budget = current_budget()
             out, total = [], 0
-            for piece in pieces:
+            append = out.append
+            for piece in pieces:  # streamed: refused as soon as it passes the cap
                 total += len(piece)
                 if total > cap:
                     limit_exceeded("max_output_chars", cap, "the output grew past it")
-                out.append(piece)
+                append(piece)
             if budget is not None:
                 budget.add_output(total)
             return "".join(out)
@@ -241,8 +255,9 @@ def _build_environment():
                 loop.iter = nodes.Filter(loop.iter, "ctxkit_loop_guard", [], [], None, None, lineno=loop.lineno)
             return super().compile(tree, name, filename, raw, defer_init)
 
-    def finalize(value):
-        check_text(value, "a printed value")
+    def finalize(value):  # a string is text already (its size was checked where it was built)
+        if type(value) is not str:
+            check_text(value, "a printed value")
         return value
 
     env = Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=[GenerationBlock, jinja2.ext.loopcontrols],
