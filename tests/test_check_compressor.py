@@ -44,10 +44,13 @@ def test_check_compressor_over_the_registry(name):
         assert report.compactions > 0 and report.budget_errors == 0
         assert max(report.max_tokens.values()) <= 2048 and report.max_tokens[1024] <= 1024
     else:  # keep-all and the one-thing v2 strategies may stop with a BudgetError naming the budget
-        assert report.budget_errors > 0
         assert all(report.max_tokens[b] <= b for b in report.max_tokens)
     if name == "keep-all":
-        assert report.compactions == 0
+        assert report.compactions == 0 and report.budget_errors > 0
+    elif name == "mask-observations-v2":  # masks, but the largest plan outgrows the budgets
+        assert report.compactions > 0 and report.budget_errors > 0
+    elif name == "truncate-tool-output-v2":  # outputs here are under the default 256-token cap: nothing to cut
+        assert report.compactions == 0 and report.budget_errors > 0
 
 
 def test_which_compressors_fit_by_themselves():
