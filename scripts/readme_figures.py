@@ -390,8 +390,8 @@ def apply(readme: str, figures: dict[str, str], timings: dict[str, str]) -> str:
     def sub(m: re.Match) -> str:
         kind, name, old = m.group(1), m.group(2), m.group(3)
         new = (figures if kind == "fig" else timings).get(name)
-        if new is None:
-            return m.group(0)
+        if new is None or (kind == "fig" and normalized(old) == normalized(new)):
+            return m.group(0)  # unchanged apart from volatile fields: keep the text (no churn)
         body = f"\n{new}\n" if old.startswith("\n") else new
         return f"<!-- {kind}:{name} -->{body}<!-- /{kind}:{name} -->"
 
