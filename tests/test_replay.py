@@ -14,7 +14,7 @@ from conftest import require_module, tokenizer_dir
 from rollout_driver import Driver, step_hashes
 from ctxkit.builder import ContextBuilder
 from ctxkit.compress import COMPRESSORS, compressor_class
-from ctxkit.errors import ConfigError, LogFormatError, ReplayError
+from ctxkit.errors import BudgetError, ConfigError, LogFormatError, ReplayError
 from ctxkit.events import Compaction, Step, ToolResult
 from ctxkit.log import EventLog, read_events
 from ctxkit.log_replay import replay, verify_log
@@ -76,13 +76,27 @@ def flip(text: str, at: int) -> str:
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in HEAVY else n for n in COMPRESSORS])
 def test_every_step_verifies_under_every_compressor(tmp_path, name):
-    log = make_log(tmp_path / f"{name}.jsonl", compressor=name)
+    params, budget = compressor_setup(name)
+    builder = ContextBuilder(qwen(), compressor=name, params=params, budget=budget)
+    log = EventLog.create(tmp_path / f"{name}.jsonl", episode_id="ep-replay")
+    over = False
+    try:
+        Driver(n_turns=8).run(log, builder)
+    except BudgetError:
+        # A one-thing strategy (`*-v2`, no window fallback) cannot bring this episode's short tool outputs
+        # within the budget, and the builder records no compaction that fails its checks; every step
+        # recorded before that must still replay exactly. (Their edits replay inside the `*-then-window`
+        # presets, which compact here.)
+        assert not builder.compressor.fits_budget, f"{name} claims to fit the budget but raised BudgetError"
+        over = True
     events = log.events()
-    if name != "keep-all":
+    n_steps = sum(isinstance(e, Step) for e in events)
+    assert n_steps >= 2 if over else n_steps == 8
+    if name != "keep-all" and not over:
         assert any(isinstance(e, Compaction) for e in events), f"{name} never compacted: the test would prove nothing"
     result = verify_log(log.path)
     assert result.ok, [r.describe() for r in result.results if not r.ok]
-    assert (result.n_steps, result.n_ok) == (8, 8)
+    assert (result.n_steps, result.n_ok) == (n_steps, n_steps)
     assert [r.got_hash for r in result.results] == step_hashes(events)
     assert [len(r.token_ids) for r in result.results] == [e.context_length for e in events if isinstance(e, Step)]
 
@@ -152,7 +166,7 @@ def test_rechained_summary_tamper_fails_at_the_first_step_after_it(tmp_path):
     src = tmp_path / "sum.jsonl"
     make_log(src, compressor="summarize").close()
     events = read_events(src)
-    comp = next(e for e in events if isinstance(e, Compaction) and any(ed["op"] == "summary" for ed in e.edits))
+    comp = next(e for e in events if isinstance(e, Compaction) and any(ed.kind == "summary" for ed in e.edits))
     steps = [e for e in events if isinstance(e, Step)]
     k = next(i for i, s in enumerate(steps) if s.seq > comp.seq)
     bad = tmp_path / "sum-bad.jsonl"
