@@ -79,7 +79,7 @@ CALL_EVERY_FUNCTION = textwrap.dedent(
     log.append(ctxkit.Step(context_hash=ctx.hash, context_length=ctx.n_tokens, token_ids=ids,
                            logprobs=tuple(-0.1 for _ in ids), logprob_kind="processed", content="4",
                            finish_reason="stop"))
-    log.append(ctxkit.EpisodeEnd(outcome="terminated", cause="answered", reward=1.0, reward_kind="task"))
+    log.append(ctxkit.EpisodeEnd(outcome="terminated", cause="answered", reward=1.0, reward_kind="scored"))
     log.close()
     assert isinstance(ctxkit.build_view(log.events()), ctxkit.View)
     assert ctxkit.replay(folder / "ep.jsonl", step=0).ok
