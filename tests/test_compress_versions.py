@@ -11,7 +11,7 @@ import pytest
 
 from conftest import REPO_ROOT, tokenizer_dir
 from ctxkit.builder import ContextBuilder
-from ctxkit.compress import COMPRESSORS, compressor_class, compressor_defaults, make_compressor
+from ctxkit.compress import COMPRESSORS, compressor_class, compressor_defaults, make_compressor, versioned_name
 from ctxkit.errors import BudgetError, ConfigError
 from ctxkit.events import Compaction
 from ctxkit.log import MemoryLog
@@ -121,7 +121,9 @@ def test_names_and_versions():
     # every name a log records can be made again
     for name in COMPRESSORS:
         c = make_compressor(name, **({"summarizer": summarizer()} if "summarize" in name else {}))
-        assert compressor_class(c.spec.name) is type(c)
+        assert compressor_class(c.spec.name) is type(c) and versioned_name(name) == c.spec.name
+    assert [versioned_name(n) for n in ("window", "mask-observations", "mask-observations-v1", "mask-observations-v2")] == [
+        "window-v1", "mask-observations-v1", "mask-observations-v1", "mask-observations-v2"]
 
 
 def test_v2_and_preset_parameters_are_checked():

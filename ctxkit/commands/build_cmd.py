@@ -23,10 +23,10 @@ def register_compressors(subparsers) -> None:
 
 
 def _compressors(args: argparse.Namespace) -> int:
-    from ctxkit.compress import COMPRESSORS, compressor_class, compressor_defaults
+    from ctxkit.compress import COMPRESSORS, compressor_defaults, versioned_name
 
     defaults = compressor_defaults()
-    out = {name: {"version": f"{name}-v{compressor_class(name).VERSION}", "params": defaults[name]} for name in COMPRESSORS}
+    out = {name: {"version": versioned_name(name), "params": defaults[name]} for name in COMPRESSORS}
     if args.json:
         sys.stdout.write(orjson.dumps(out, option=orjson.OPT_INDENT_2).decode() + "\n")
         return 0

@@ -32,6 +32,7 @@ from ctxkit.compress.base import (
     Compressor,
     CompressorSpec,
     split_versioned,
+    versioned,
 )
 from ctxkit.errors import ConfigError
 from ctxkit.registry import load_registered
@@ -62,6 +63,7 @@ __all__ = [
     "compressor_class",
     "compressor_defaults",
     "make_compressor",
+    "versioned_name",
 ]
 
 
@@ -81,6 +83,13 @@ def compressor_class(name: str) -> type:
         known = [f"{base}-v{cls.VERSION}"] + sorted(n for n in COMPRESSORS if split_versioned(n)[0] == base and n != base)
         raise ConfigError(f"compressor {name!r}: this ctxkit has no version {version} of {base!r}; known versions: {known}")
     return cls
+
+
+def versioned_name(name: str) -> str:
+    """The versioned name a compressor registered (or versioned) as `name` records: `"window"` ->
+    `"window-v1"`, `"mask-observations-v2"` -> `"mask-observations-v2"`."""
+    cls = compressor_class(name)
+    return versioned(cls.NAME, cls.VERSION)
 
 
 def make_compressor(name_or_spec: str | CompressorSpec | Mapping[str, Any] | Compressor, **params: Any) -> Compressor:
