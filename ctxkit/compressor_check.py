@@ -81,9 +81,13 @@ class EpisodePlan:
     """A generated episode: system prompt, task, the constraint stated with it, and the turns."""
 
     system: str
+    """The system prompt."""
     task: str
+    """The user's task."""
     constraint: str
+    """A constraint stated with the task (the pin detector must find it and keep it visible)."""
     turns: tuple[TurnPlan, ...]
+    """The assistant turns, in order."""
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ class MaskObservationsV1(MaskObservations):
 
     @property
     def fits_budget(self) -> bool:
+        """True with the window fallback on."""
         return self.params["fallback"] == "window"
 
     def check_params(self, p: Mapping[str, Any]) -> None:
@@ -78,6 +79,7 @@ class TruncateToolOutputV1(TruncateToolOutput):
 
     @property
     def fits_budget(self) -> bool:
+        """True with the window fallback on."""
         return self.params["fallback"] == "window"
 
     def check_params(self, p: Mapping[str, Any]) -> None:
@@ -109,6 +111,7 @@ class SummarizeV1(Summarize):
 
     @property
     def fits_budget(self) -> bool:
+        """True with the window fallback on."""
         return self.params["fallback"] == "window"
 
     def check_params(self, p: Mapping[str, Any]) -> None:
