@@ -27,16 +27,17 @@ _PUBLIC: dict[str, str] = {
     "EpisodeEnd": "ctxkit.events",
     # L1
     "EventLog": "ctxkit.log",
+    "MemoryLog": "ctxkit.log",
     "load_tokenizer": "ctxkit.tokenizers",
     "load_template": "ctxkit.templates",
     "check_template": "ctxkit.template_check",
     # L2
     "View": "ctxkit.view",
     "build_view": "ctxkit.view",
-    "ContextBuilder": "ctxkit.builder",
-    "check_compressor": "ctxkit.compressor_check",
     "make_compressor": "ctxkit.compress",
     # L3
+    "ContextBuilder": "ctxkit.builder",
+    "check_compressor": "ctxkit.compressor_check",
     "render": "ctxkit.rendering",
     "IncrementalRenderer": "ctxkit.rendering",
     "RenderedContext": "ctxkit.rendering",

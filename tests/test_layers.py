@@ -175,3 +175,18 @@ def test_module_docstring_names_its_layer(module):
 def test_module_size():
     long = [f"{p.relative_to(REPO)}: {n} lines" for p in modules().values() if (n := len(p.read_text().splitlines())) > 520]
     assert long == [], "modules over ~500 lines:\n" + "\n".join(long)
+
+
+def test_public_names_are_grouped_under_their_layer_in_the_package_face():
+    """`ctxkit/__init__.py` lists each public name under a `# Lk` comment: it must be its module's layer."""
+    wrong, layer = [], None
+    for line in (PACKAGE / "__init__.py").read_text().splitlines():
+        head = re.match(r"^\s*# L(\d)\s*$", line)
+        entry = re.match(r'^\s*"(\w+)": "(ctxkit[\w.]*)",', line)
+        if head:
+            layer = int(head.group(1))
+        elif entry:
+            name, module = entry.groups()
+            if layer_of(module) != layer:
+                wrong.append(f"{name} ({module}) listed under L{layer}, the table says L{layer_of(module)}")
+    assert wrong == []

@@ -308,3 +308,15 @@ def test_real_model_behind_the_server_matches_the_local_agent(tok, episode):
     assert turn.logprobs == pytest.approx(direct.raw_logprobs, abs=1e-12)
     assert turn.logprob_kind == "raw"
     assert turn.finish_reason == direct.finish_reason
+
+
+def test_engine_finish_reasons_map_onto_the_step_vocabulary():
+    from ctxkit.experiment.agents.openai_http import OpenAIHTTPError, engine_finish_reason
+
+    url = "http://127.0.0.1:1/v1/completions"
+    assert [engine_finish_reason(v, url=url) for v in (None, "", "stop", "length", "tool_calls", "abort")] == [
+        "stop", "stop", "stop", "length", "tool_calls", "abort"]
+    assert [engine_finish_reason(v, url=url) for v in ("eos_token", "stop_sequence", "max_tokens", "tool_use")] == [
+        "stop", "stop", "length", "tool_calls"]
+    with pytest.raises(OpenAIHTTPError, match=r"POST http://127.0.0.1:1/v1/completions -> HTTP 200: malformed response: finish_reason 'sleepy'"):
+        engine_finish_reason("sleepy", url=url)

@@ -33,7 +33,7 @@ import urllib.request
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from ctxkit.errors import ConfigError, CtxkitError
-from ctxkit.events import ToolCall
+from ctxkit.events import FINISH_REASONS, ToolCall
 from ctxkit.experiment.agents.base import AgentTurn
 from ctxkit.experiment.agents.parsing import END_OF_TURN_TOKENS, end_of_turn_ids, make_call_id, parse_text
 
@@ -54,6 +54,25 @@ ON_TIMEOUT = ("abort", "raise")
 """What a timed-out request does: return an `abort` turn, or raise `OpenAITimeoutError`."""
 
 _BODY_EXCERPT = 500
+
+
+ENGINE_FINISH_REASONS: dict[str, str] = {
+    "eos_token": "stop", "stop_sequence": "stop", "end_turn": "stop", "max_tokens": "length", "tool_use": "tool_calls",
+}
+"""Other engines' finish reasons (TGI `eos_token`/`stop_sequence`, Anthropic-style `end_turn`/`max_tokens`/
+`tool_use`) mapped onto the OpenAI/vLLM vocabulary that `Step.finish_reason` holds (`events.FINISH_REASONS`)."""
+
+
+def engine_finish_reason(value: Any, *, url: str) -> str:
+    """The server's `finish_reason` in the `Step` vocabulary: missing means `stop`; a known dialect is mapped;
+    anything else is an `OpenAIHTTPError` naming the value, so an unknown reason is never silently recorded."""
+    if value is None or value == "":
+        return "stop"
+    reason = ENGINE_FINISH_REASONS.get(str(value), str(value))
+    if reason not in FINISH_REASONS:
+        raise OpenAIHTTPError(f"malformed response: finish_reason {value!r} is neither one of {list(FINISH_REASONS)} "
+                              f"nor a known dialect ({sorted(ENGINE_FINISH_REASONS)})", url=url, status=200)
+    return reason
 
 
 class OpenAIHTTPError(CtxkitError):
@@ -212,7 +231,7 @@ class OpenAIAgent:
         if self.stop_token_ids:
             body["stop_token_ids"] = list(self.stop_token_ids)
         body.update(self.extra_body)
-        url = f"{self.base_url}/v1/completions"
+        url = self._url("completions")
         payload, elapsed = self._post(url, body)
         if payload is None:
             return self._aborted(seed, elapsed, "completions")
@@ -264,7 +283,7 @@ class OpenAIAgent:
         if self.stop_token_ids:
             body["stop_token_ids"] = list(self.stop_token_ids)
         body.update(self.extra_body)
-        url = f"{self.base_url}/v1/chat/completions"
+        url = self._url("chat")
         payload, elapsed = self._post(url, body)
         if payload is None:
             return self._aborted(seed, elapsed, "chat")
@@ -357,10 +376,12 @@ class OpenAIAgent:
             timings={"prefill_s": 0.0, "decode_s": 0.0, "generate_s": elapsed},
         )
 
+    def _url(self, endpoint: str) -> str:
+        """The URL of an endpoint kind (`completions` or `chat`)."""
+        return f"{self.base_url}/v1/{'chat/completions' if endpoint == 'chat' else 'completions'}"
+
     def _turn(self, ids, logprobs, content, calls, reasoning, choice, seed, elapsed, engine) -> AgentTurn:
-        finish = choice.get("finish_reason") or "stop"
-        if not isinstance(finish, str):
-            finish = str(finish)
+        finish = engine_finish_reason(choice.get("finish_reason"), url=self._url(engine["endpoint"]))
         sampling = self._sampling(seed, engine["endpoint"])
         sampling["engine"] = engine
         return AgentTurn(
