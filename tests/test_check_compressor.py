@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from conftest import REPO_ROOT, SHARED, require_module, tokenizer_dir
+from conftest import REPO_ROOT, SHARED, missing_fixture, require_module, tokenizer_dir
 from ctxkit.compress import COMPRESSORS, make_compressor
 from ctxkit.compress.base import BaseCompressor, CompressionRequest
 from ctxkit.compressor_check import check_compressor, episode_plans
@@ -136,7 +136,7 @@ def test_check_compressor_runs_without_hypothesis(tokenizer):
         try:
             load_tokenizer("tiktoken:o200k_base")
         except Exception as exc:  # noqa: BLE001 - the rank file is a fixture
-            pytest.skip(f"o200k_base rank file not found offline: {exc}")
+            missing_fixture(f"o200k_base rank file not found offline: {exc}")
         arg = ""
     else:
         arg = f", tokenizer={str(tokenizer_dir('qwen2.5-instruct'))!r}"

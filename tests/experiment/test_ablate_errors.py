@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import missing_fixture
 from experiment_configs import tiny_toml, write_config
 from ctxkit.experiment.config import load_config
 from ctxkit.experiment.run_folder import LOCK, RunLock, read_rows
@@ -192,16 +193,28 @@ def test_bad_input_is_one_error_line_exit_2_and_nothing_written(case, tmp_path, 
     assert not Path("/proc/ctxkit-test-run").exists()
 
 
-@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root writes through permission bits")
+def _without_root_override() -> list[str]:
+    """A command prefix under which permission bits hold even for root (tests here run as root): util-linux
+    `setpriv` drops the capabilities that let root write anywhere from the child's bounding set."""
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        missing_fixture("util-linux `setpriv` (to drop root's permission override in a child)")
+    return [setpriv, "--bounding-set=-dac_override,-dac_read_search,-fowner"]
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX permission bits")
 def test_report_into_a_read_only_folder(tmp_path, finished):
     run = _run_copy(tmp_path, finished)
+    before = _snapshot(run)
     run.chmod(0o555)
     try:
-        proc = _ctxkit("report", str(run))
-        before = _snapshot(run)
+        proc = subprocess.run([*_without_root_override(), *CLI, "report", str(run)], cwd=REPO, env=ENV,
+                              capture_output=True, text=True, timeout=HANG_GUARD_S)
     finally:
         run.chmod(0o755)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.startswith(f"ctxkit: error: {run}: cannot write the report: ") and proc.stderr.count("\n") == 1
     assert _snapshot(run) == before and not (run / "report.md").exists()
 
