@@ -133,9 +133,7 @@ class BaseCompressor:
         if p["trigger"] not in TRIGGERS:
             raise ConfigError(f"{name}: parameter 'trigger' is {p['trigger']!r}; expected one of {list(TRIGGERS)}")
         require_int(name, p, "trigger_tokens", minimum=0)
-        f = p["trigger_fraction"]
-        if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f <= 1:
-            raise ConfigError(f"{name}: parameter 'trigger_fraction' is {f!r}; expected a number in (0, 1]")
+        require_fraction(name, p, "trigger_fraction")
         if p["trigger"] == "tokens" and p["trigger_tokens"] <= 0:
             raise ConfigError(f"{name}: trigger 'tokens' needs 'trigger_tokens' > 0")
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any, Mapping, Sequence
 
-from ctxkit.compress.base import BaseCompressor, CompressionRequest, require_choice, require_int
+from ctxkit.compress.base import BaseCompressor, CompressionRequest, require_choice, require_fraction, require_int
 from ctxkit.compress.turns import base_messages, fit_window
 from ctxkit.edits import DropEdit, Edit, RetrievedEdit
 from ctxkit.embeddings import Hit, PassageIndex, TextEmbedder, text_sha
@@ -86,9 +86,7 @@ class Retrieve(BaseCompressor):
         require_int(self.NAME, p, "top_k", minimum=1)
         require_int(self.NAME, p, "max_chars_per_item", minimum=50)
         require_choice(self.NAME, p, "role", ("user", "system", "assistant"))
-        f = p["target_fraction"]
-        if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f <= 1:
-            raise ConfigError(f"{self.NAME}: parameter 'target_fraction' is {f!r}; expected a number in (0, 1]")
+        require_fraction(self.NAME, p, "target_fraction")
         if p["embedder"] is not None and not isinstance(p["embedder"], str):
             raise ConfigError(f"{self.NAME}: parameter 'embedder' is {p['embedder']!r}; expected a path or None")
 

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ctxkit.compress.base import BaseCompressor, CompressionRequest, require_int
+from ctxkit.compress.base import BaseCompressor, CompressionRequest, require_fraction, require_int
 from ctxkit.compress.turns import fit_window
-from ctxkit.errors import ConfigError
 
 
 class Window(BaseCompressor):
@@ -32,9 +31,7 @@ class Window(BaseCompressor):
     def check_params(self, p: Mapping[str, Any]) -> None:
         require_int(self.NAME, p, "keep_first", minimum=0)
         require_int(self.NAME, p, "keep_last", minimum=1)
-        f = p["target_fraction"]
-        if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f <= 1:
-            raise ConfigError(f"{self.NAME}: parameter 'target_fraction' is {f!r}; expected a number in (0, 1]")
+        require_fraction(self.NAME, p, "target_fraction")
 
     def propose(self, request: CompressionRequest, n_tokens: int):
         p = self.params
