@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ctxkit.errors import ConfigError
+from ctxkit.tokenizers import SHARED_ENV, shared_dir
 
 __all__ = [
     "Limits",
@@ -210,9 +211,8 @@ def resolve_tokenizer(spec: str, config_dir: Path) -> str:
     if spec.startswith("tiktoken:") or Path(spec).is_absolute():
         return spec
     parts = Path(spec).parts
-    shared = os.environ.get("CTXKIT_SHARED")
-    if shared and len(parts) >= 2 and parts[0] == ".." and parts[1] == "shared":
-        return str(Path(shared).joinpath(*parts[2:]))
+    if os.environ.get(SHARED_ENV) and len(parts) >= 2 and parts[0] == ".." and parts[1] == "shared":
+        return str(shared_dir().joinpath(*parts[2:]))
     if not spec.startswith("."):
         candidates = [Path.cwd() / spec, config_dir / spec, config_dir.parent / spec]
         found = next((c for c in candidates if c.exists()), None)
