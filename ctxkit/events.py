@@ -30,10 +30,12 @@ SCHEMA_VERSION = 1
 Role = Literal["system", "user", "assistant", "tool"]
 ROLES: tuple[str, ...] = Role.__args__  # type: ignore[attr-defined]
 
-LogprobKind = Literal["raw", "processed", "recomputed"]
+LogprobKind = Literal["raw", "processed", "recomputed", "none"]
 """Which distribution a log-prob is from: `raw` model softmax at temperature 1, `processed` after the
 sampling transforms (temperature, top-k/top-p/min-p) that sampling actually used, `recomputed` by a
-trainer's forward pass."""
+trainer's forward pass. `none` states that no behaviour log-probs exist: an offline step made from a
+saved trajectory (`ctxkit.offline_steps`), whose `logprobs` are None by construction; such steps serve
+supervised training, not importance-weighted RL (a live step without log-probs leaves the kind None)."""
 
 LOGPROB_KINDS: tuple[str, ...] = LogprobKind.__args__  # type: ignore[attr-defined]
 

@@ -31,7 +31,7 @@ from ctxkit.logfile import canonical, line_hash
 # (event class, field, allowed values, None allowed)
 FIELDS = [
     (Message, "role", ("system", "user", "assistant", "tool"), False),
-    (Step, "logprob_kind", ("raw", "processed", "recomputed"), True),
+    (Step, "logprob_kind", ("raw", "processed", "recomputed", "none"), True),
     (Step, "finish_reason", ("stop", "length", "tool_calls", "content_filter", "function_call", "abort", "error"), True),
     (ToolResult, "status", ("ok", "error", "timeout"), False),
     (EpisodeEnd, "outcome", ("terminated", "truncated"), False),
