@@ -81,3 +81,26 @@ class ReplayError(CtxkitError):
 
 class StateError(CtxkitError):
     """An external-state snapshot or restore was refused (unsafe path, link out of the target, size mismatch)."""
+
+
+class ImportFormatError(CtxkitError, ValueError):
+    """A trajectory file cannot be imported: unknown shape, or an episode or turn that breaks its format's
+    rules (e.g. a text tool call that does not parse). `path`, `episode` and `turn` say where, when known."""
+
+    def __init__(self, message: str, *, path: str | None = None, episode: str | None = None, turn: int | None = None):
+        where = "".join(part for part in (f"{path}: " if path is not None else "",
+                                           f"episode {episode}: " if episode is not None else "",
+                                           f"turn {turn}: " if turn is not None else ""))
+        super().__init__(where + message)
+        self.path, self.episode, self.turn = path, episode, turn
+
+    def __reduce__(self):
+        return _rebuild_import_error, (str(self), self.path, self.episode, self.turn)
+
+
+def _rebuild_import_error(text: str, path, episode, turn) -> "ImportFormatError":
+    """Unpickle an `ImportFormatError` without adding its location prefix twice."""
+    exc = ImportFormatError.__new__(ImportFormatError)
+    Exception.__init__(exc, text)
+    exc.path, exc.episode, exc.turn = path, episode, turn
+    return exc
