@@ -22,6 +22,12 @@ a ctxkit log header) and runs five checks, each with counts and failing examples
    (any `StateSnapshot`, or `stateful: true` in the task/metadata), a snapshot after every successful tool
    result whose manifest blob exists beside the log.
 
+Offline logs. A step made from a saved trajectory (`logprob_kind == "none"`, see `ctxkit.offline_steps`)
+records no behaviour log-probs, sampling config, policy version or sampler seed by construction: those
+requirements do not apply to it (a `none` step that does carry log-probs fails `record`). A log whose steps
+are all offline is listed in `AuditReport.offline`: usable for supervised training, not for
+importance-weighted RL. A live step without log-probs still fails `record`.
+
 Figures: generated and loss-bearing tokens (per second of generation where `Step.timings` exist, and
 per wall second), policy-version lag per step when `trained_at` is given, tool timeout rate, episode
 timeout rate, abort rate and discard rate (episodes unusable for training: no end, unscored, no steps, or
@@ -40,6 +46,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from ctxkit.errors import ConfigError, CtxkitError
 from ctxkit.events import Compaction, EpisodeEnd, EpisodeStart, Event, Pin, StateSnapshot, Step, ToolResult, Unpin
+from ctxkit.offline_steps import is_offline_step
 
 __all__ = ["CHECKS", "Finding", "CheckResult", "AuditReport", "audit", "find_logs"]
 
@@ -111,6 +118,9 @@ class AuditReport:
     """Token, time, lag and rate figures."""
     skipped: tuple[str, ...] = ()
     """Files under the given folders that are not ctxkit logs."""
+    offline: tuple[str, ...] = ()
+    """Logs whose steps are all offline (no behaviour log-probs): usable for supervised training, not for
+    importance-weighted RL."""
 
     @property
     def ok(self) -> bool:
@@ -123,6 +133,7 @@ class AuditReport:
             "ok": self.ok,
             "paths": list(self.paths),
             "skipped": list(self.skipped),
+            "offline": list(self.offline),
             "checks": [
                 {"name": c.name, "title": c.title, "ok": c.ok, "checked": c.checked, "failed": c.failed,
                  "examples": [vars(f) for f in c.examples], "warnings": [vars(f) for f in c.warnings]}
@@ -170,6 +181,7 @@ class _Acc:
         self.floats: Counter[str] = Counter()
         self.lags: list[int] = []
         self.lag_unknown = 0
+        self.offline: list[str] = []
 
     def fail(self, check: str, path: str, where: str, message: str) -> None:
         self.failed[check] += 1
@@ -194,7 +206,7 @@ def audit(paths: Iterable[Any], *, trained_at: int | None = None, rebuild: bool 
         for k, t in CHECKS.items()
     )
     return AuditReport(paths=tuple(str(p) for p in logs), checks=checks, figures=_figures(acc, trained_at),
-                       skipped=tuple(str(p) for p in skipped))
+                       skipped=tuple(str(p) for p in skipped), offline=tuple(acc.offline))
 
 
 def _raw_end_lines(path: Path) -> list[tuple[int, dict[str, Any]]]:
@@ -228,6 +240,8 @@ def _audit_log(path: Path, acc: _Acc, *, trained_at: int | None, rebuild: bool) 
     start = next((e for e in events if isinstance(e, EpisodeStart)), None)
     end = ends[-1] if ends else None
     usable = bool(steps) and end is not None and end.reward_kind != "unscored"
+    if steps and all(is_offline_step(s) for s in steps):
+        acc.offline.append(p)
     usable = _check_record(p, events, steps, acc, rebuild) and usable
     _check_rewards(p, path, end, acc)
     _check_distributions(p, start, steps, acc)
@@ -250,6 +264,10 @@ def _check_record(p: str, events: Sequence[Event], steps: Sequence[Step], acc: _
         if not s.token_ids:
             acc.fail("record", p, where, "step has no sampled token ids")
             ok = False
+        elif is_offline_step(s):
+            if s.logprobs is not None or s.raw_logprobs is not None:
+                acc.fail("record", p, where, "logprob_kind 'none' (an offline step) but log-probs are recorded")
+                ok = False
         elif s.logprobs is None:
             acc.fail("record", p, where, f"no log-probs for {len(s.token_ids)} sampled ids (behaviour log-probs cannot be reconstructed)")
             ok = False
@@ -324,6 +342,8 @@ _NON_TRIVIAL = (("temperature", 1.0), ("top_p", 1.0), ("top_k", 0), ("min_p", 0.
 def _check_distributions(p: str, start: EpisodeStart | None, steps: Sequence[Step], acc: _Acc) -> None:
     default_sampling = dict(start.sampler) if start is not None else {}
     for s in steps:
+        if is_offline_step(s):  # no sampler, no policy version: nothing was sampled (checked in `record`)
+            continue
         acc.checked["distributions"] += 1
         where = f"seq {s.seq}"
         problems = []
@@ -361,11 +381,13 @@ def _check_ends(p: str, end: EpisodeEnd | None, steps: Sequence[Step], acc: _Acc
 
 
 def _check_resume(p: str, path: Path, events: Sequence[Event], start: EpisodeStart | None, steps: Sequence[Step], acc: _Acc) -> None:
-    acc.checked["resume"] += 1
+    live = [s for s in steps if not is_offline_step(s)]
+    offline_only = bool(steps) and not live  # a saved trajectory: nothing to resume, its findings only warn
+    acc.checked["resume"] += 0 if offline_only else 1
     problems = []
     if start is None or not start.context:
         problems.append("no builder description in EpisodeStart.context (the next context cannot be built)")
-    has_seed = (start is not None and "seed" in start.sampler) or (steps and all("seed" in s.sampling for s in steps))
+    has_seed = (start is not None and "seed" in start.sampler) or offline_only or (live and all("seed" in s.sampling for s in live))
     if not has_seed:
         problems.append("no sampler seed (EpisodeStart.sampler['seed'] or on every step)")
     calls: dict[str, int | None] = {}
@@ -391,7 +413,11 @@ def _check_resume(p: str, path: Path, events: Sequence[Event], start: EpisodeSta
     if stateful:
         problems += _snapshot_problems(path, events, snaps)
     for msg in problems[:1]:
-        acc.fail("resume", p, "episode", msg + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""))
+        more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
+        if offline_only:
+            acc.warn("resume", p, "episode", f"offline log (not resumable): {msg}{more}")
+        else:
+            acc.fail("resume", p, "episode", msg + more)
 
 
 def _snapshot_problems(path: Path, events: Sequence[Event], snaps: Sequence[StateSnapshot]) -> list[str]:
@@ -486,6 +512,7 @@ def _figures(acc: _Acc, trained_at: int | None) -> dict[str, Any]:
         "episode_timeout_rate": _rate(n["episode_timeouts"], n["episodes"]),
         "abort_rate": _rate(n["aborted_steps"], n["steps"]),
         "discard_rate": _rate(n["discarded"], n["logs"]),
+        "offline_logs": len(acc.offline),
     }
     if trained_at is not None:
         lags = acc.lags

@@ -44,6 +44,9 @@ def _audit(args: argparse.Namespace) -> int:
             print(f"       - {f}")
         for f in c.warnings:
             print(f"       ~ warning: {f}")
+    if report.offline:
+        print(f"offline: {len(report.offline)} of {len(report.paths)} log(s) hold only offline steps (logprob_kind 'none', "
+              "no behaviour log-probs): usable for supervised training, not for importance-weighted RL")
     print("figures:")
     for key, value in report.figures.items():
         print(f"  {key}: {json.dumps(value) if isinstance(value, dict) else value}")
