@@ -36,6 +36,12 @@ Parquet schema (`PARQUET_SCHEMA`; the JSONL records have the same keys, with `sa
 | `is_final` | bool | holds the episode's last step |
 | `template_id`, `tokenizer_id`, `compressor` | string | how the contexts were built |
 
+File metadata (Parquet only; the columns above are the same for every export): `ctxkit` =
+`training-samples-v1`; `ctxkit-info`, JSON given by the writer (`ctxkit samples` records the sources and,
+with `--compressor`, the compressor, its parameters and the budget); `ctxkit-compactions`, JSON list of
+`[episode_id, sample_index, compactions]` for samples rebuilt under another compressor
+(`TrainingSample.compactions`; `read_samples` restores them). `parquet_info(path)` reads both.
+
 L3: imports `samples` (same layer); pyarrow is imported only inside the Parquet functions.
 """
 
@@ -43,12 +49,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from ctxkit.errors import ConfigError, LogFormatError
 from ctxkit.training_samples import TrainingSample
 
-__all__ = ["PARQUET_SCHEMA", "parquet_schema", "read_samples", "sample_to_record", "write_jsonl", "write_parquet", "write_samples"]
+__all__ = ["PARQUET_SCHEMA", "parquet_info", "parquet_schema", "read_samples", "sample_to_record", "write_jsonl", "write_parquet", "write_samples"]
 
 PARQUET_SCHEMA: tuple[tuple[str, str], ...] = (
     ("episode_id", "string"),
@@ -132,18 +138,30 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, sort_keys=True, ensure_ascii=False)
 
 
-def write_parquet(samples: Iterable[TrainingSample], path, *, inline_prefixes: bool = False) -> Path:
-    """Write samples to a Parquet file (schema `PARQUET_SCHEMA`); returns the path."""
+def write_parquet(samples: Iterable[TrainingSample], path, *, inline_prefixes: bool = False,
+                  info: Mapping[str, Any] | None = None) -> Path:
+    """Write samples to a Parquet file (schema `PARQUET_SCHEMA`, `info` and the samples' compactions in the
+    file metadata); returns the path."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    samples = list(samples)
+    schema = parquet_schema()
+    extra = {}
+    if info:
+        extra[b"ctxkit-info"] = json.dumps(info, sort_keys=True, ensure_ascii=False).encode()
+    compactions = [[s.episode_id, s.sample_index, [dict(c) for c in s.compactions]] for s in samples if s.compactions]
+    if compactions:
+        extra[b"ctxkit-compactions"] = json.dumps(compactions, sort_keys=True, ensure_ascii=False).encode()
+    if extra:
+        schema = schema.with_metadata({**schema.metadata, **extra})
     rows = []
     for s in samples:
         rec = sample_to_record(s, inline_prefixes=inline_prefixes)
         rec["sampling"] = [_dumps(x) for x in rec["sampling"]]
         rec["policy_versions"] = [_dumps(x) for x in rec["policy_versions"]]
         rows.append(rec)
-    table = pa.Table.from_pylist(rows, schema=parquet_schema())
+    table = pa.Table.from_pylist(rows, schema=schema)
     path = Path(path)
     pq.write_table(table, path)
     return path
@@ -159,11 +177,13 @@ def write_jsonl(samples: Iterable[TrainingSample], path, *, inline_prefixes: boo
     return path
 
 
-def write_samples(samples: Iterable[TrainingSample], path, *, inline_prefixes: bool = False) -> Path:
-    """Write to Parquet or JSONL by the file suffix (`.parquet`, `.jsonl`)."""
+def write_samples(samples: Iterable[TrainingSample], path, *, inline_prefixes: bool = False,
+                  info: Mapping[str, Any] | None = None) -> Path:
+    """Write to Parquet or JSONL by the file suffix (`.parquet`, `.jsonl`); `info` is kept in Parquet's file
+    metadata only (JSONL rows have no place for it)."""
     suffix = Path(path).suffix.lower()
     if suffix == ".parquet":
-        return write_parquet(samples, path, inline_prefixes=inline_prefixes)
+        return write_parquet(samples, path, inline_prefixes=inline_prefixes, info=info)
     if suffix in (".jsonl", ".ndjson"):
         return write_jsonl(samples, path, inline_prefixes=inline_prefixes)
     raise ConfigError(f"output {path}: unknown format {suffix or '(no suffix)'}; use .parquet or .jsonl")
@@ -192,9 +212,25 @@ def _records(path: Path) -> list[dict[str, Any]]:
     raise ConfigError(f"input {path}: unknown format {suffix or '(no suffix)'}; use .parquet or .jsonl")
 
 
+def parquet_info(path) -> dict[str, Any]:
+    """`{"info": ..., "compactions": {(episode_id, sample_index): [...]}}` from a Parquet export's file
+    metadata (empty when the writer recorded none)."""
+    import pyarrow.parquet as pq
+
+    meta = pq.read_schema(path).metadata or {}
+    try:
+        info = json.loads(meta[b"ctxkit-info"]) if b"ctxkit-info" in meta else {}
+        rows = json.loads(meta[b"ctxkit-compactions"]) if b"ctxkit-compactions" in meta else []
+    except ValueError as exc:
+        raise LogFormatError(f"Parquet file metadata is not JSON: {exc}", path=str(path)) from None
+    return {"info": info, "compactions": {(ep, int(i)): tuple(c) for ep, i, c in rows}}
+
+
 def read_samples(path) -> list[TrainingSample]:
-    """Read an export back into full `TrainingSample`s (shared prefixes resolved from earlier rows)."""
+    """Read an export back into full `TrainingSample`s (shared prefixes resolved from earlier rows;
+    compactions restored from a Parquet file's metadata)."""
     path = Path(path)
+    compactions = parquet_info(path)["compactions"] if path.suffix.lower() == ".parquet" else {}
     full: dict[tuple[str, int], tuple[int, ...]] = {}
     out = []
     for n, r in enumerate(_records(path)):
@@ -238,6 +274,7 @@ def read_samples(path) -> list[TrainingSample]:
                 template_id=r["template_id"],
                 tokenizer_id=r["tokenizer_id"],
                 compressor=r["compressor"],
+                compactions=compactions.get(key, ()),
             )
         )
     return out

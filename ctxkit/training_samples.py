@@ -19,7 +19,17 @@ Every sample of an episode carries the episode's reward with its provenance (`re
 `events.REWARD_KINDS`, so an unscored 0 and a failed-task 0 stay distinguishable), the typed end
 (`outcome`: terminated/truncated, and `cause`); `is_final` marks the sample holding the last step.
 
-L3: imports L0, `rl_math`, and `replay` (same layer) for the verified contexts.
+`compressed_samples(log, compressor=..., budget=...)` answers "what would the policy have been trained on,
+had it seen compressed contexts?": it copies the log's events (without its own compactions) into a
+`ctxkit.log.MemoryLog`, rebuilds every step's context there with a `ContextBuilder` under that compressor
+and budget (the compressor's decisions are appended to the copy only: the source log is never written),
+and assembles samples from those contexts and the steps' recorded ids. Each sample names the compressor and
+budget in `compressor` (e.g. `window budget=4096`) and carries the compactions made before its steps in
+`compactions`. A message-only log (an imported trajectory) gets offline steps first when a tokenizer is
+given (`ctxkit.offline_steps.add_offline_steps`).
+
+L3: imports L0, `rl_math`, and `replay` (same layer) for the verified contexts; `builder`, `log`,
+`offline_steps` for `compressed_samples`.
 """
 
 from __future__ import annotations
@@ -34,7 +44,7 @@ from ctxkit.events import EpisodeEnd, EpisodeStart, Step
 if TYPE_CHECKING:  # pragma: no cover
     from ctxkit.log import EventLog
 
-__all__ = ["TrainingSample", "EpisodeMeta", "assemble_samples", "episode_meta", "samples"]
+__all__ = ["TrainingSample", "EpisodeMeta", "assemble_samples", "compressed_samples", "episode_meta", "samples"]
 
 
 @dataclass(frozen=True)
@@ -87,7 +97,13 @@ class TrainingSample:
     tokenizer_id: str
     """Id of the tokenizer."""
     compressor: str
-    """The compressor spec recorded for the episode (e.g. `mask-observations`), as text."""
+    """The compressor spec recorded for the episode (e.g. `mask-observations`), as text; for
+    `compressed_samples`, the compressor and budget the contexts were rebuilt with (`window budget=4096`)."""
+    compactions: tuple[Mapping[str, Any], ...] = ()
+    """`compressed_samples` only: the events the rebuild appended before this sample's steps (compactions,
+    detected pins), as `events.event_to_dict` records plus `before_step_seq` (the source seq of the step
+    whose context they shaped). Empty for samples of the recorded contexts. Not a Parquet column (the
+    Parquet export keeps them in its file metadata, see `ctxkit.export`)."""
 
     @property
     def logprob_kind(self) -> str | None:
@@ -293,3 +309,78 @@ def samples(log_or_events: "EventLog | Sequence[Any] | str", *, tokenizer: Any =
         tok_id, tpl_id = r.tokenizer_id, r.template_id
     meta = episode_meta(events, episode_id=header_episode, template_id=tpl_id, tokenizer_id=tok_id)
     return assemble_samples(triples, meta)
+
+
+def _rebuild_error(exc: Exception, step: Step, where: str) -> Exception:
+    """The same error type, naming the step whose context could not be built."""
+    try:
+        return type(exc)(f"{where}step seq {step.seq}: {exc}")
+    except TypeError:  # an error type with another constructor: keep it as it is
+        return exc
+
+
+def compressed_samples(
+    log_or_events: "EventLog | Sequence[Any] | str",
+    *,
+    compressor: Any,
+    budget: int,
+    params: Mapping[str, Any] | None = None,
+    tokenizer: Any = None,
+    template: Any = None,
+    reserve_tokens: int = 0,
+    detect_pins: bool = False,
+) -> list[TrainingSample]:
+    """Training samples of one episode as if its policy had seen contexts built by `compressor` at
+    `budget` (see the module docstring). The source log is only read.
+
+    `tokenizer`/`template` default to the recorded ones (given ones must have the recorded ids); a log
+    without steps needs `tokenizer` and gets offline steps. `detect_pins` runs the constraint detector in
+    the rebuild (its pins are recorded in `compactions`). A context the compressor cannot fit raises the
+    builder's error (`BudgetError`, ...) naming the step.
+    """
+    import dataclasses
+
+    from ctxkit.builder import ContextBuilder
+    from ctxkit.errors import CtxkitError
+    from ctxkit.events import Compaction, event_to_dict
+    from ctxkit.log import MemoryLog
+    from ctxkit.log_replay import load_events, resolve_setup
+
+    events, header_episode = load_events(log_or_events)
+    where = f"{log_or_events}: " if isinstance(log_or_events, str) else ""
+    if not any(isinstance(e, Step) for e in events):
+        if tokenizer is None:
+            raise ConfigError(f"{where}the log holds no steps; pass a tokenizer to make offline steps from its assistant turns")
+        from ctxkit.offline_steps import add_offline_steps
+
+        events = tuple(add_offline_steps(events, tokenizer, template))
+    tok, tpl, _ = resolve_setup(events, tokenizer=tokenizer, template=template)
+    builder = ContextBuilder(tok, tpl, compressor=compressor, budget=budget, params=params,
+                             detect_pins=detect_pins, reserve_tokens=reserve_tokens)
+    mem = MemoryLog()
+    triples = []
+    made: dict[int, list[dict[str, Any]]] = {}
+    for pos, event in enumerate(events):
+        if isinstance(event, Compaction):  # the source's own decisions: rebuilt under the new compressor instead
+            continue
+        if isinstance(event, EpisodeStart):
+            event = dataclasses.replace(event, context=builder.describe())
+        if isinstance(event, Step):
+            n0 = len(mem)
+            try:
+                ctx = builder.build(mem)
+            except CtxkitError as exc:
+                raise _rebuild_error(exc, event, where) from None
+            seq = pos if event.seq is None else int(event.seq)
+            made[seq] = [dict(event_to_dict(e), before_step_seq=seq) for e in mem.events()[n0:]]
+            event = dataclasses.replace(event, context_hash=ctx.hash, context_length=ctx.n_tokens, seq=seq)
+            triples.append((event, ctx.token_ids, ctx.hash))
+        if event.id is None:
+            mem.append(event)
+        else:  # keep the source ids: compaction edits name them
+            mem.adopt([event])
+    meta = episode_meta(events, episode_id=header_episode, template_id=tpl.id, tokenizer_id=tok.id)
+    spec = _compressor_text({"compressor": builder.describe()["compressor"]})
+    meta = dataclasses.replace(meta, compressor=f"{spec} budget={budget}" + (f" reserve={reserve_tokens}" if reserve_tokens else ""))
+    return [dataclasses.replace(s, compactions=tuple(c for q in s.step_seqs for c in made.get(q, ())))
+            for s in assemble_samples(triples, meta)]

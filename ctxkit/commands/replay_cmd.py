@@ -1,4 +1,5 @@
-"""`ctxkit replay LOG (--verify | --step K)` and `ctxkit samples LOG... -o out.parquet|out.jsonl` (L5, thin)."""
+"""`ctxkit replay LOG (--verify | --step K)` and `ctxkit samples LOG... [--compressor NAME --budget N]
+-o out.parquet|out.jsonl` (L5, thin)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 import sys
 from typing import Any
 
-from ctxkit.commands.argtypes import non_negative_int
+from ctxkit.commands.argtypes import int_at_least, non_negative_int
 from ctxkit.commands.token_view import LEGEND, ROLE_STYLES, print_tokens
 
 
@@ -125,6 +126,14 @@ def register_samples(subparsers: Any) -> None:
     p.add_argument("--inline-prefixes", action="store_true", help="store every row's full tokens (no shared prefixes)")
     p.add_argument("--tokenizer", help="tokenizer spec to use instead of the recorded one (its id must match)")
     p.add_argument("--template", help="template spec to use instead of the recorded one (its id must match)")
+    p.add_argument("--compressor", metavar="NAME",
+                   help="rebuild every step's context under this compressor (on an in-memory copy; the logs are only "
+                   "read) and write the samples a policy would have been trained on had it seen those contexts")
+    p.add_argument("--budget", type=int_at_least(1), metavar="N", help="with --compressor: context budget in tokens")
+    p.add_argument("--params", metavar="JSON", help="with --compressor: compressor parameters as a JSON object")
+    p.add_argument("--reserve-tokens", type=non_negative_int, default=0, metavar="N",
+                   help="with --compressor: tokens of the budget kept free for the response")
+    p.add_argument("--detect-pins", action="store_true", help="with --compressor: run the constraint detector in the rebuild")
     p.set_defaults(func=_samples)
 
 
@@ -133,8 +142,9 @@ def _samples(args: argparse.Namespace) -> int:
     from ctxkit.commands.outputs import atomic_output, check_output
     from ctxkit.errors import ConfigError, ReplayError
     from ctxkit.export import write_samples
-    from ctxkit.training_samples import samples
+    from ctxkit.training_samples import compressed_samples, samples
 
+    rebuild = _rebuild_options(args)
     out = check_output(args.output, "-o", probe=True)
     if out.suffix.lower() not in SAMPLE_SUFFIXES:
         raise ConfigError(f"-o {args.output}: unknown format {out.suffix or '(no suffix)'}; use .parquet or .jsonl")
@@ -152,14 +162,48 @@ def _samples(args: argparse.Namespace) -> int:
     rows = []
     for path in logs:
         try:
-            rows += samples(str(path), tokenizer=args.tokenizer, template=args.template)
+            if rebuild is None:
+                rows += samples(str(path), tokenizer=args.tokenizer, template=args.template)
+            else:
+                rows += compressed_samples(str(path), tokenizer=args.tokenizer, template=args.template, **rebuild)
         except (ConfigError, ReplayError) as exc:  # name the log unless the message already does
             if type(exc) not in (ConfigError, ReplayError) or str(exc).startswith(str(path)):
                 raise
             raise type(exc)(f"{path}: {exc}") from None
     with atomic_output(args.output, "-o") as tmp:
-        write_samples(rows, tmp, inline_prefixes=args.inline_prefixes)
+        info = {"sources": [str(p) for p in logs]}
+        if rebuild is not None:
+            info.update(rebuild=rebuild)
+        write_samples(rows, tmp, inline_prefixes=args.inline_prefixes, info=info)
     n_tok = sum(len(s.token_ids) for s in rows)
     n_loss = sum(s.n_sampled for s in rows)
     print(f"{args.output}: {len(rows)} samples from {len(logs)} log(s), {n_tok} tokens, {n_loss} loss-bearing")
+    if rebuild is not None:
+        n_comp = sum(1 for s in rows for c in s.compactions if c.get("kind") == "compaction")
+        print(f"rebuilt under {rows[0].compressor if rows else rebuild['compressor']}: {n_comp} compaction(s) "
+              "(recorded in the samples' metadata; the logs are unchanged)")
     return 0
+
+
+def _rebuild_options(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The `compressed_samples` keywords of `--compressor/--budget/...`, or None without `--compressor`."""
+    from ctxkit.errors import ConfigError
+
+    if args.compressor is None:
+        used = [flag for flag, value in (("--budget", args.budget), ("--params", args.params),
+                                          ("--reserve-tokens", args.reserve_tokens), ("--detect-pins", args.detect_pins)) if value]
+        if used:
+            raise ConfigError(f"{', '.join(used)} only apply with --compressor NAME")
+        return None
+    if args.budget is None:
+        raise ConfigError(f"--compressor {args.compressor} needs --budget N (tokens)")
+    params: Any = {}
+    if args.params is not None:
+        try:
+            params = json.loads(args.params)
+        except ValueError as exc:
+            raise ConfigError(f"--params {args.params!r}: not JSON ({exc})") from None
+        if not isinstance(params, dict):
+            raise ConfigError(f"--params {args.params!r}: expected a JSON object")
+    return {"compressor": args.compressor, "budget": args.budget, "params": params,
+            "reserve_tokens": args.reserve_tokens, "detect_pins": args.detect_pins}
