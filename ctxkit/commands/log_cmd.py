@@ -1,14 +1,16 @@
-"""`ctxkit log verify`, `ctxkit import`, `ctxkit export`: check, create and read episode logs (L5, thin)."""
+"""`ctxkit log verify`, `ctxkit import`, `ctxkit export`: check, create (from conversations and recorded
+trajectories, via `ctxkit.importers`) and read episode logs (L5, thin)."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import sys
+from pathlib import Path
 
 import orjson
 
-from ctxkit.errors import MessageFormatError
 
 
 def register_log(subparsers) -> None:
@@ -56,38 +58,116 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def register_import(subparsers) -> None:
-    """Add `ctxkit import FILE.json -o LOG`."""
+    """Add `ctxkit import FILE [--format F] (-o LOG | --out-dir DIR) [--select S] [--tools T] [--tokenizer T]`."""
     parser = subparsers.add_parser(
-        "import", help="turn an OpenAI-format conversation into an episode log",
-        description='Turn an OpenAI-format conversation ({"messages", "tools", "pins"} or a bare message list) '
-                    "into a new episode log.")
-    parser.add_argument("file", metavar="FILE.json", help="the conversation JSON file")
-    parser.add_argument("-o", "--output", required=True, metavar="LOG", help="the log to create (must not exist)")
-    parser.add_argument("--episode-id", default=None, help="episode id (default: a fresh random one)")
+        "import", help="turn a conversation or recorded trajectories into episode logs",
+        description="Turn a conversation or another agent's recorded trajectories into episode logs: OpenAI/HF "
+                    "chat, SWE-agent .traj, tau-bench results, Agent Data Protocol raw samples (mappings: "
+                    "docs/IMPORTERS.md). One episode goes to -o LOG; a file of many to --out-dir DIR, one log "
+                    "per episode named by its entry id.")
+    parser.add_argument("file", metavar="FILE", help="the trajectory or conversation JSON file")
+    parser.add_argument("--format", default="auto", choices=("auto", "openai", "swe-agent", "tau-bench", "adp"),
+                        help="source format (default: auto, from the JSON shape)")
+    out = parser.add_mutually_exclusive_group(required=True)
+    out.add_argument("-o", "--output", metavar="LOG", help="the log to create for a one-episode selection (must not exist)")
+    out.add_argument("--out-dir", metavar="DIR", help="folder for one log per episode, <entry id>.jsonl (new files only)")
+    parser.add_argument("--select", metavar="ID[,ID]",
+                        help="episodes to import: entry ids, indexes N or index ranges A:B, comma-separated")
+    parser.add_argument("--tools", metavar="FILE", help="a JSON list of OpenAI tool schemas for the episodes "
+                                                        "(replaces the file's own; tau-bench files have none)")
+    parser.add_argument("--tokenizer", metavar="T", help="turn each assistant turn into an offline Step encoded "
+                                                         "with this tokenizer (folder, hub id or tiktoken:<enc>)")
+    parser.add_argument("--template", metavar="S", help="chat template for --tokenizer (default: the tokenizer's own)")
+    parser.add_argument("--episode-id", default=None, help="episode id with -o (default: the source's entry id, "
+                                                           "or a fresh random one)")
     parser.set_defaults(func=_import)
 
 
 def _import(args: argparse.Namespace) -> int:
-    from ctxkit.commands.outputs import atomic_output, check_output
+    from ctxkit.commands.outputs import check_output
     from ctxkit.errors import ConfigError
-    from ctxkit.log import EventLog, import_conversation, load_conversation
+    from ctxkit.importers import read_episodes, read_tools
 
     if args.episode_id is not None and (not args.episode_id.strip() or not args.episode_id.isprintable()):
         raise ConfigError(f"--episode-id {args.episode_id!r}: expected a non-empty, printable id")
-    output = check_output(args.output, "-o", probe=True)
-    if output.exists():
-        raise ConfigError(f"-o {output}: already exists; the log to create must be a new file")
-    obj = load_conversation(args.file)
-    try:
-        events = import_conversation(obj)
-    except MessageFormatError as exc:
-        raise MessageFormatError(f"{args.file}: {exc}") from None
-    with atomic_output(output, "-o", replace=False) as tmp:  # the log appears whole or not at all
-        with EventLog.create(tmp, episode_id=args.episode_id) as log:
-            events[0] = dataclasses.replace(events[0], episode_id=log.episode_id)
-            log.extend(events)
-    print(f"wrote {len(events)} events to {output} (episode {log.episode_id})")
+    if args.episode_id is not None and args.out_dir is not None:
+        raise ConfigError("--episode-id: only with -o (with --out-dir each log takes its entry id)")
+    if args.template is not None and args.tokenizer is None:
+        raise ConfigError("--template: only with --tokenizer")
+    if args.output is not None:
+        output = check_output(args.output, "-o", probe=True)
+        if output.exists():
+            raise ConfigError(f"-o {output}: already exists; the log to create must be a new file")
+    else:
+        out_dir = Path(args.out_dir)
+        if out_dir.exists() and not out_dir.is_dir():
+            raise ConfigError(f"--out-dir {out_dir}: is a file; expected a folder")
+    tools = read_tools(args.tools) if args.tools is not None else None
+    episodes = read_episodes(args.file, args.format, select=args.select, tools=tools)
+    if args.output is not None and len(episodes) != 1:
+        raise ConfigError(f"-o: {args.file} holds {len(episodes)} episodes; use --out-dir DIR, or --select one")
+    offline = _offline_steps(args.tokenizer, args.template)
+    if args.output is not None:
+        episode = episodes[0]
+        episode_id = args.episode_id if args.episode_id is not None else (episode.entry_id or None)
+        n, episode_id = _write_log(output, "-o", episode, episode_id, offline)
+        print(f"wrote {n} events to {output} (episode {episode_id})")
+        return 0
+    targets = _out_paths(Path(args.out_dir), episodes)
+    for path in targets:
+        if path.exists():
+            raise ConfigError(f"--out-dir: {path} already exists; the logs to create must be new files")
+    total = 0
+    for episode, path in zip(episodes, targets):
+        total += _write_log(path, "--out-dir", episode, episode.entry_id or None, offline)[0]
+    print(f"wrote {len(episodes)} logs ({total} events) to {args.out_dir}")
     return 0
+
+
+def _offline_steps(tokenizer_spec, template_spec):
+    """A function events -> events adding offline steps under the tokenizer/template, or None."""
+    if tokenizer_spec is None:
+        return None
+    from ctxkit.offline_steps import add_offline_steps
+    from ctxkit.templates import load_template
+    from ctxkit.tokenizers import load_tokenizer
+
+    tokenizer = load_tokenizer(tokenizer_spec)
+    template = load_template(template_spec, tokenizer) if template_spec is not None else None
+    return lambda events: add_offline_steps(events, tokenizer, template)
+
+
+def _write_log(path: Path, option: str, episode, episode_id, offline) -> tuple[int, str]:
+    """Write one imported episode as a new log (whole or not at all); (events written, episode id)."""
+    from ctxkit.commands.outputs import atomic_output
+    from ctxkit.log import EventLog
+
+    events = list(episode.events)
+    with atomic_output(path, option, replace=False) as tmp:
+        with EventLog.create(tmp, episode_id=episode_id) as log:
+            events[0] = dataclasses.replace(events[0], episode_id=log.episode_id)
+            if offline is not None:
+                events = offline(events)
+            log.extend(events)
+    return len(events), log.episode_id
+
+
+def safe_file_stem(entry_id: str) -> str:
+    """A file-name-safe form of an entry id: letters, digits, `.`, `_`, `-` kept, runs of others `_`,
+    no leading dot, at most 120 characters."""
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", entry_id).lstrip(".")[:120]
+    return stem or "episode"
+
+
+def _out_paths(out_dir: Path, episodes) -> list[Path]:
+    """`<out_dir>/<safe entry id>.jsonl` per episode (`episode-<index>` without an id; `-<index>` added to
+    a name two episodes would share)."""
+    stems = [safe_file_stem(e.entry_id) if e.entry_id else f"episode-{e.source.index}" for e in episodes]
+    seen: dict[str, int] = {}
+    for stem in stems:
+        seen[stem.lower()] = seen.get(stem.lower(), 0) + 1
+    return [out_dir / (f"{stem}-{e.source.index}.jsonl" if seen[stem.lower()] > 1 else f"{stem}.jsonl")
+            for stem, e in zip(stems, episodes)]
 
 
 def register_export(subparsers) -> None:
