@@ -3,7 +3,9 @@
 `ContextBuilder.build(log)` records new constraint detections as `Pin` events, asks the compressor for
 a compaction (recorded as a `Compaction` event), renders the resulting view with the generation prompt
 and checks, before returning: every active pin verbatim in the decoded context (`PinViolationError`), no
-orphaned tool call or result (`InvariantError`), the real token count of the final render within the
+tool call or result that does not pair up (`ToolPairingError`, an `InvariantError`: orphaned result,
+duplicated result, call left unanswered before a later turn; a trailing pending call, e.g. a final
+`submit` with no result yet, is legal and kept), the real token count of the final render within the
 budget (`BudgetError`). `rebuild(events, ...)` is the pure replay path: it appends nothing and lands on
 the same ids and hash as the original build.
 
@@ -22,11 +24,13 @@ from typing import Any, Mapping, Sequence
 
 from ctxkit.compress import make_compressor
 from ctxkit.compress.base import CompressionRequest, Compressor, CompressorSpec
-from ctxkit.errors import BudgetError, ConfigError, InvariantError, LogFormatError, PinViolationError, ReplayError
+from ctxkit.errors import (BudgetError, ConfigError, InvariantError, LogFormatError, PinViolationError, ReplayError,
+                           ToolPairingError)
 from ctxkit.events import Compaction, EpisodeStart, Event, Pin, Unpin
 from ctxkit.log import MemoryLog as MemoryLog  # its home is ctxkit.log; kept importable from here
 from ctxkit.pins import RULESET, detect_constraints
-from ctxkit.view import Provenance, View, ViewMessage, ViewState, apply_edits, build_view, find_orphans, make_view
+from ctxkit.view import (Provenance, View, ViewMessage, ViewState, apply_edits, build_view, make_view, pairing_problems,
+                         pending_calls)
 
 BUILDER_VERSION = "ctxkit-builder-v1"
 
@@ -190,6 +194,7 @@ class ContextBuilder:
         except LogFormatError as exc:  # e.g. an edit of an unknown kind, refused when the Compaction was made
             raise InvariantError(f"compressor {self.compressor.spec.name} proposed invalid edits: {exc}") from None
         truncated = False
+        pending_before = pending_calls(view.messages)
         if compaction is not None:
             name = self.compressor.spec.name
             if not isinstance(compaction, Compaction):
@@ -200,7 +205,7 @@ class ContextBuilder:
                 raise InvariantError(f"compressor {name} proposed invalid edits: {exc}") from None
             truncated = bool(compaction.details.get("overflow"))
         # Check everything before recording the compaction, so a failed build records no decision.
-        check_pairing(view)
+        check_pairing(view, pending_before=pending_before)
         rendered = self._renderer.render(view)
         ctx = _finish(view, rendered, self.tokenizer, budget, (), truncated)
         if ctx.n_tokens > budget and not truncated:
@@ -296,11 +301,24 @@ def rebuild(
 # ---------------------------------------------------------------------------------------------- internals
 
 
-def check_pairing(view: View) -> None:
-    """`InvariantError` naming the events of every orphaned tool call or result in the view."""
-    problems = find_orphans(view.messages)
+def check_pairing(view: View, *, pending_before: Sequence[str] | None = None) -> None:
+    """`ToolPairingError` (an `InvariantError`) naming the event and call of every tool call or result of
+    the view that does not pair up (`ctxkit.view.pairing_problems`); `problem` is the first one's.
+
+    A trailing pending call is legal. When `pending_before` is given (the pending calls of the view before
+    a compaction), a call pending only after it had its result dropped by the compressor: reported as an
+    `unanswered_call`."""
+    problems = pairing_problems(view.messages)
+    if pending_before is not None:
+        allowed = set(pending_before)
+        problems += [dataclasses.replace(p, problem="unanswered_call", text=p.text.replace(
+                         "has no result yet (pending call)", "lost its result to the compaction (unanswered call)"))
+                     for p in pairing_problems(view.messages, allow_pending=False)
+                     if p.problem == "pending_call" and p.call_id not in allowed]
     if problems:
-        raise InvariantError("orphaned tool messages in the view: " + "; ".join(problems))
+        first = problems[0]
+        raise ToolPairingError("tool calls and results do not pair up in the view: " + "; ".join(p.text for p in problems),
+                               problem=first.problem, event=first.event, call_id=first.call_id)
 
 
 def _finish(view: View, rendered: Any, tok: Any, budget: int | None, appended: tuple[str, ...], truncated: bool) -> BuiltContext:

@@ -1,26 +1,25 @@
 """Validation of OpenAI-format chat messages before rendering (L1).
 
-Roles are system | user | assistant | tool; content is a string, None or a list of text parts; a tool
-result must answer an earlier tool call; only assistant messages may carry sampled `token_ids`.
+Roles are system | user | assistant | tool; content follows the one content rule of `ctxkit.content` (a
+string, None or a list of text parts, flattened to its text before the template sees it); a tool result
+must answer an earlier tool call (`ToolPairingError`, problem `orphaned_result`); only assistant messages
+may carry sampled `token_ids`.
 """
 
 from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ctxkit.errors import MessageFormatError
+from ctxkit.content import check_content, flatten_content
+from ctxkit.errors import MessageFormatError, ToolPairingError
 
 MESSAGE_ROLES = ("system", "user", "assistant", "tool")
 """Roles a message may have."""
 
 
 def message_text(content: Any) -> str:
-    """The text of a message's content: a string, None (empty) or a list of text parts (joined)."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    return "".join(part.get("text", "") for part in content)
+    """The text of a message's content (`ctxkit.content.flatten_content`)."""
+    return flatten_content(content)
 
 
 def validate_message(
@@ -37,18 +36,10 @@ def validate_message(
     if role not in MESSAGE_ROLES:
         raise MessageFormatError(f"{where}: unknown role {role!r} (expected one of {list(MESSAGE_ROLES)})")
     content = message.get("content")
-    if isinstance(content, (list, tuple)):
-        for j, part in enumerate(content):
-            if not isinstance(part, Mapping) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
-                raise MessageFormatError(
-                    f"{where}: content part {j} is {kind!r}; only text parts {{'type': 'text', 'text': str}} are supported"
-                )
-    elif content is not None and not isinstance(content, str):
-        raise MessageFormatError(
-            f"{where}: content of type {type(content).__name__} is not supported (a string, None or a list of text parts)"
-        )
+    check_content(content, where)
     clean = {k: v for k, v in message.items() if k != "token_ids"}
+    if isinstance(content, (list, tuple)):
+        clean["content"] = flatten_content(content, where)  # the one content rule: the template sees text
     sampled = None
     if "token_ids" in message and message["token_ids"] is not None:
         if role != "assistant":
@@ -77,9 +68,10 @@ def validate_message(
         call_id = message.get("tool_call_id")
         if call_id is not None:
             if str(call_id) not in call_ids:
-                raise MessageFormatError(
-                    f"{where}: tool result answers tool_call_id {call_id!r}, but no earlier assistant message made that call"
-                )
+                raise ToolPairingError(
+                    f"{where}: tool result answers tool_call_id {call_id!r}, but no earlier assistant message made "
+                    "that call (orphaned result)", problem="orphaned_result", event=where, call_id=str(call_id))
         elif not call_ids:
-            raise MessageFormatError(f"{where}: tool result without a tool_call_id and no earlier tool call")
+            raise ToolPairingError(f"{where}: tool result without a tool_call_id and no earlier tool call (orphaned result)",
+                                   problem="orphaned_result", event=where)
     return clean, sampled

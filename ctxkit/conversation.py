@@ -1,8 +1,9 @@
 """OpenAI-format conversations <-> events: `import_conversation`, `export_messages`, `export_conversation`.
 
 A conversation is `{"messages": [...], "tools": [...], "pins": [...]}` (other top-level keys are kept) or a
-bare message list. Import validates it (unknown role, tool message answering no earlier call, unsupported
-content) and export gives it back unchanged: the round trip is lossless for messages in the OpenAI shape.
+bare message list. Import validates it (unknown role, tool message answering no earlier call, content outside
+the one content rule of `ctxkit.content`: images are refused) and export gives it back unchanged (text parts
+stay parts; every renderer flattens them the same way): the round trip is lossless for messages in the OpenAI shape.
 
 L1: imports only L0 (`events`, `errors`); `ctxkit.log` imports this module and re-exports these names, never
 the other way round (a log is typed here by the `HasEvents` protocol).
@@ -15,7 +16,7 @@ from typing import Any, Mapping, Protocol, Sequence, Union
 
 import orjson
 
-from ctxkit.errors import LogFormatError, MessageFormatError
+from ctxkit.errors import LogFormatError, MessageFormatError, ToolPairingError
 from ctxkit.events import EpisodeStart, Event, Message, Pin, Step, ToolResult, Unpin, message_from_openai, message_to_openai
 
 
@@ -72,8 +73,9 @@ def import_conversation(obj: Any, *, episode_id: str = "") -> list[Event]:
     for i, msg in enumerate(messages):
         message = message_from_openai(msg, where=f"messages[{i}]")
         if message.role == "tool" and message.tool_call_id not in called:
-            raise MessageFormatError(f"messages[{i}]: tool message answers tool_call_id {message.tool_call_id!r}, "
-                                     "which no earlier assistant message called")
+            raise ToolPairingError(f"messages[{i}]: tool message answers tool_call_id {message.tool_call_id!r}, "
+                                   "which no earlier assistant message called (orphaned result)",
+                                   problem="orphaned_result", event=f"messages[{i}]", call_id=message.tool_call_id)
         called.update(tc.id for tc in message.tool_calls)
         out.append(message)
     return out

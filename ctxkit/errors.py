@@ -104,3 +104,44 @@ def _rebuild_import_error(text: str, path, episode, turn) -> "ImportFormatError"
     Exception.__init__(exc, text)
     exc.path, exc.episode, exc.turn = path, episode, turn
     return exc
+
+
+PAIRING_PROBLEMS = ("orphaned_result", "pending_call", "unanswered_call", "duplicated_result")
+"""What a `ToolPairingError` reports: a tool result with no call before it; a call with no result yet
+(legal only in the last assistant turn); a call followed by later turns without its result; a second
+result for a call already answered."""
+
+
+class ToolPairingError(InvariantError, MessageFormatError):
+    """Tool calls and results do not pair up. `problem` is one of `PAIRING_PROBLEMS`; `event` names the
+    event (id and seq) or message index at fault and `call_id` the call. Both an `InvariantError` (a built
+    view) and a `MessageFormatError` (a message list)."""
+
+    def __init__(self, message: str, *, problem: str, event: str | None = None, call_id: str | None = None):
+        super().__init__(message)
+        self.problem, self.event, self.call_id = problem, event, call_id
+
+    def __reduce__(self):
+        return _rebuild_pairing_error, (str(self), self.problem, self.event, self.call_id)
+
+
+def _rebuild_pairing_error(text: str, problem: str, event, call_id) -> "ToolPairingError":
+    """Unpickle a `ToolPairingError`."""
+    return ToolPairingError(text, problem=problem, event=event, call_id=call_id)
+
+
+class SpecialTokenError(MessageFormatError):
+    """Special-token text found in a message's content under `special_tokens="error"`. `message_index`,
+    `role`, `token` and `char` (offset in the content) say where."""
+
+    def __init__(self, message: str, *, message_index: int, role: str, token: str, char: int):
+        super().__init__(message)
+        self.message_index, self.role, self.token, self.char = message_index, role, token, char
+
+    def __reduce__(self):
+        return _rebuild_special_error, (str(self), self.message_index, self.role, self.token, self.char)
+
+
+def _rebuild_special_error(text: str, message_index: int, role: str, token: str, char: int) -> "SpecialTokenError":
+    """Unpickle a `SpecialTokenError`."""
+    return SpecialTokenError(text, message_index=message_index, role=role, token=token, char=char)

@@ -21,6 +21,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping, Union
 
+from ctxkit.content import check_content, flatten_content
 from ctxkit.errors import EventFormatError, LogFormatError, MessageFormatError
 from ctxkit.edits import Edit, edit_from_dict, edit_to_dict
 
@@ -311,27 +312,15 @@ _TUPLE_FIELDS = {"tools", "token_ids", "logprobs", "raw_logprobs", "edits", "too
 
 
 def _freeze_content(content: Any, where: str) -> Content:
-    if content is None or isinstance(content, str):
-        return content
+    check_content(content, where)  # the one content rule (ctxkit.content)
     if isinstance(content, (list, tuple)):
-        parts = []
-        for i, part in enumerate(content):
-            if not isinstance(part, Mapping) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise MessageFormatError(
-                    f"{where}: content part {i} is {part!r}; only text parts {{'type': 'text', 'text': str}} are supported"
-                )
-            parts.append(dict(part))
-        return tuple(parts)
-    raise MessageFormatError(f"{where}: content of type {type(content).__name__} is not supported (use a string or a list of text parts)")
+        return tuple(dict(part) for part in content)
+    return content
 
 
 def content_text(content: Content) -> str:
-    """The plain text of a message content (text parts joined without separator)."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    return "".join(part["text"] for part in content)
+    """The plain text of a message content (`ctxkit.content.flatten_content`: text parts joined without separator)."""
+    return flatten_content(content)
 
 
 def _tool_call_from(obj: Any, where: str) -> ToolCall:

@@ -16,7 +16,13 @@ Edits are the typed records of `ctxkit.edits`, applied in order:
   message (provenance `summary`, naming every covered id) where the first removed message was.
 - `RetrievedEdit(event_ids, text, scores, role)`: remove any earlier retrieved block and insert this one
   (provenance `retrieved`) just before the newest turn: the newest user message, or the assistant message
-  whose tool calls the trailing tool results answer, so calls and results stay adjacent.
+  whose tool calls the trailing tool results answer (or that ends the view with calls still pending), so
+  calls and results stay adjacent.
+
+Pairing (`pairing_problems`): a tool result with no call before it is an orphaned result (refused already
+when the view is built), a second result for an answered call a duplicated result, a call followed by a
+later turn without its result an unanswered call; the calls of the last assistant message may still be
+pending (an episode waiting for its tool, or ending with `submit`): legal, kept in the view.
 
 Edits accumulate: a later compaction edits the view the earlier ones produced. An edit naming an event
 that is not in the view at that point is a `LogFormatError` naming the compaction.
@@ -37,7 +43,7 @@ from typing import Any, Iterable, Literal, Mapping, Sequence
 import orjson
 
 from ctxkit.edits import EDIT_KINDS, EDIT_TYPES, DropEdit, Edit, MaskEdit, SummaryEdit, TruncateEdit
-from ctxkit.errors import LogFormatError, MessageFormatError
+from ctxkit.errors import LogFormatError, MessageFormatError, ToolPairingError
 from ctxkit.events import (
     Compaction,
     EpisodeStart,
@@ -211,10 +217,10 @@ class ViewState:
             return
         if msg.role == "tool":
             if msg.tool_call_id not in self._call_ids:
-                raise MessageFormatError(
+                raise ToolPairingError(
                     f"{_where(event)}: tool result answers call id {msg.tool_call_id!r}, "
-                    "but no earlier assistant message made that call (orphaned tool result)"
-                )
+                    "but no earlier assistant message made that call (orphaned result)",
+                    problem="orphaned_result", event=_where(event), call_id=msg.tool_call_id)
         for tc in msg.tool_calls:
             self._call_ids.add(tc.id)
         self.messages.append(msg)
@@ -362,13 +368,16 @@ def apply_edits_to_list(messages: Sequence[ViewMessage], edits: Sequence[Edit], 
 
 
 def newest_turn_start(messages: Sequence[ViewMessage]) -> int:
-    """Index where the newest turn starts: the last user message, or the assistant message whose calls the
-    trailing tool results answer; `len(messages)` when the view ends with neither."""
+    """Index where the newest turn starts: the assistant message whose calls the trailing tool results
+    answer or that ends the list with calls still pending (a call stays next to its results), else the
+    last user message; `len(messages)` when the view ends with none of these."""
     j = len(messages)
     while j > 0 and messages[j - 1].role == "tool":
         j -= 1
     if j < len(messages):  # trailing tool results: their call is just before them
         return max(j - 1, 0)
+    if messages and messages[-1].role == "assistant" and messages[-1].tool_calls:  # pending calls
+        return len(messages) - 1
     if messages and messages[-1].role == "user":
         return len(messages) - 1
     return len(messages)
@@ -386,34 +395,72 @@ def _single_index(msgs: Sequence[ViewMessage]) -> dict[str, int]:
 # ---------------------------------------------------------------------------------------------- checks
 
 
-def find_orphans(messages: Sequence[ViewMessage]) -> list[str]:
-    """Descriptions of every orphaned tool call or result in a message list (empty when paired).
+@dataclass(frozen=True)
+class PairingProblem:
+    """One tool call or result that does not pair up (see `pairing_problems`)."""
+
+    problem: str
+    """One of `ctxkit.errors.PAIRING_PROBLEMS`: `orphaned_result`, `pending_call`, `unanswered_call`,
+    `duplicated_result`."""
+    event: str
+    """The event id(s) of the message at fault (the result, or the message making the call)."""
+    call_id: str | None
+    """The call concerned."""
+    text: str
+    """A one-line description naming the event and the call."""
+
+
+def pairing_problems(messages: Sequence[ViewMessage], *, allow_pending: bool = True) -> list[PairingProblem]:
+    """Every tool call or result of a message list that does not pair up, in order.
 
     A tool message must answer a call of the nearest assistant message before it, with only tool
-    messages in between; every call of an assistant message must be answered before the next
-    non-tool message (or the end).
+    messages in between: one answering a call that message made and already answered is a
+    `duplicated_result`, any other an `orphaned_result`. Every call must be answered before the next
+    non-tool message: one that is not is an `unanswered_call`. Calls of the last assistant message still
+    without a result at the end are `pending_call`s (the episode is waiting for the tool, or ended with a
+    `submit`/`finish` call): legal, and reported only when `allow_pending` is False.
     """
-    problems: list[str] = []
-    pending: dict[str, str] = {}  # call id -> event ids of the calling message
-    open_calls: set[str] = set()
+    problems: list[PairingProblem] = []
+    open_calls: dict[str, str] = {}  # call id -> event ids of the calling message, not yet answered
+    answered: set[str] = set()  # calls of the current calling message already answered
     in_tool_run = False
     for m in messages:
         ev = ",".join(m.provenance.event_ids)
         if m.role == "tool":
-            if not in_tool_run or m.tool_call_id not in open_calls:
-                problems.append(f"tool result {ev} answers call {m.tool_call_id!r} with no matching call before it")
+            cid = m.tool_call_id
+            if in_tool_run and cid in open_calls:
+                del open_calls[cid]
+                answered.add(cid)
+            elif in_tool_run and cid in answered:
+                problems.append(PairingProblem("duplicated_result", ev, cid,
+                                               f"tool result {ev} answers call {cid!r}, which an earlier result "
+                                               "already answered (duplicated result)"))
             else:
-                open_calls.discard(m.tool_call_id)
-                pending.pop(m.tool_call_id, None)
+                problems.append(PairingProblem("orphaned_result", ev, cid,
+                                               f"tool result {ev} answers call {cid!r} with no matching call "
+                                               "before it (orphaned result)"))
             continue
-        for cid, src in pending.items():
-            problems.append(f"tool call {cid!r} of {src} has no result")
-        pending = {}
-        open_calls = set()
+        for cid, src in open_calls.items():
+            problems.append(PairingProblem("unanswered_call", src, cid,
+                                           f"tool call {cid!r} of {src} has no result before the next message "
+                                           f"{ev} (unanswered call)"))
         in_tool_run = bool(m.tool_calls)
-        for tc in m.tool_calls:
-            pending[tc.id] = ev
-            open_calls.add(tc.id)
-    for cid, src in pending.items():
-        problems.append(f"tool call {cid!r} of {src} has no result")
+        open_calls = {tc.id: ev for tc in m.tool_calls}
+        answered = set()
+    if not allow_pending:
+        for cid, src in open_calls.items():
+            problems.append(PairingProblem("pending_call", src, cid,
+                                           f"tool call {cid!r} of {src} has no result yet (pending call)"))
     return problems
+
+
+def pending_calls(messages: Sequence[ViewMessage]) -> tuple[str, ...]:
+    """Ids of the calls of the last assistant message still waiting for a result at the end of the list."""
+    return tuple(p.call_id or "" for p in pairing_problems(messages, allow_pending=False)
+                 if p.problem == "pending_call")
+
+
+def find_orphans(messages: Sequence[ViewMessage]) -> list[str]:
+    """Descriptions of every tool call or result that breaks pairing (empty when paired). A trailing
+    pending call is legal and not listed (see `pairing_problems`)."""
+    return [p.text for p in pairing_problems(messages)]

@@ -149,8 +149,13 @@ def test_unanswered_tool_call_is_an_invariant_error(tok):
     log = MemoryLog()
     start(log)
     s = log.append(Step(content="", tool_calls=(ToolCall("c1", "read", "{}"),)))
-    with pytest.raises(InvariantError, match=rf"tool call 'c1' of {s.id} has no result"):
+    ctx = ContextBuilder(tok, budget=4000).build(log)  # trailing: pending, legal
+    assert ctx.view.messages[-1].tool_calls[0].id == "c1"
+    u = log.append(Message(role="user", content="go on"))
+    with pytest.raises(InvariantError, match=rf"tool call 'c1' of {s.id} has no result before the next message "
+                                             rf"{u.id} \(unanswered call\)") as err:
         ContextBuilder(tok, budget=4000).build(log)
+    assert (err.value.problem, err.value.event, err.value.call_id) == ("unanswered_call", s.id, "c1")
 
 
 def test_explicit_pin_unpin_and_pinned_block(tok):
