@@ -373,8 +373,8 @@ def compressed_samples(
                 raise _rebuild_error(exc, event, where) from None
             seq = pos if event.seq is None else int(event.seq)
             made[seq] = [dict(event_to_dict(e), before_step_seq=seq) for e in mem.events()[n0:]]
-            event = dataclasses.replace(event, context_hash=ctx.hash, context_length=ctx.n_tokens, seq=seq)
-            triples.append((event, ctx.token_ids, ctx.hash))
+            event = dataclasses.replace(event, context_hash=ctx.hash, context_length=ctx.n_tokens)
+            triples.append((dataclasses.replace(event, seq=seq), ctx.token_ids, ctx.hash))
         if event.id is None:
             mem.append(event)
         else:  # keep the source ids: compaction edits name them
