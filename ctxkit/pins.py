@@ -12,8 +12,16 @@ author and an attacker might) with a versioned rule set, `constraint-rules-v1`:
 - `obligation`: "must", "always", "make sure", "ensure", "be sure to", "required to", "have to".
 
 A sentence matching several kinds takes the first in that order. The builder records each new detection
-as a `Pin` event (rule `constraint-rules-v1:<kind>`) before using it, so the view stays a pure function
-of the log; a detection whose pin id was ever recorded (even if later unpinned) is not recorded again.
+as a `Pin` event (rule `<rule set>:<kind>`, e.g. `constraint-rules-v1:prohibition`) before using it, so the
+view stays a pure function of the log; a detection whose pin id was ever recorded (even if later unpinned)
+is not recorded again.
+
+Rule sets are versioned and registered in `DETECTORS` (an explicit `name -> "module:attr"` dict), so a log
+keeps the meaning it was recorded with: `constraint-rules-v1` (above, unchanged) and `constraint-rules-v2`
+(`ctxkit.constraints`: a splitter that survives abbreviations, paths, code and lists, and directives
+only, not negated statements of fact). Replay never re-runs a detector (it reads the recorded `Pin`
+events); a builder records its rule set's name (`pin_rules`) so a resumed episode detects with the same
+one (`resolve_pin_rules`).
 """
 
 from __future__ import annotations
@@ -23,10 +31,22 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
+from ctxkit.constraints import RuleSet
+from ctxkit.errors import ConfigError
 from ctxkit.events import Event, Message, Pin, Unpin, content_text
+from ctxkit.registry import load_registered
 
 RULESET = "constraint-rules-v1"
-"""Name and version of the detector's rule set (recorded in every detected pin's `rule`)."""
+"""Name of the first rule set (the one `detect_constraints` uses when none is named; recorded in pins' `rule`)."""
+
+LATEST_RULES = "constraint-rules-v2"
+"""The newest registered rule set (the one to choose for new episodes)."""
+
+DETECTORS: dict[str, str] = {
+    "constraint-rules-v1": "ctxkit.pins:RULES_V1",
+    "constraint-rules-v2": "ctxkit.constraints:RULES_V2",
+}
+"""Explicit registry of constraint detectors: rule-set name -> "module:attr" of its `RuleSet`."""
 
 _NUM = r"(?:\d[\d,.]*|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|fifteen|twenty)"
 RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
@@ -93,29 +113,55 @@ def classify(sentence: str) -> str | None:
     return None
 
 
+RULES_V1 = RuleSet(RULESET, split_sentences, classify)
+"""The `constraint-rules-v1` detector (kept unchanged so recorded logs keep their meaning)."""
+
+
+def get_detector(name: str) -> RuleSet:
+    """The `RuleSet` registered under `name` (`ConfigError` naming the registered ones if unknown)."""
+    if not isinstance(name, str):
+        raise ConfigError(f"pin rules {name!r}: expected a registered rule-set name, one of {sorted(DETECTORS)}")
+    return load_registered(DETECTORS, name, "pin rule set")
+
+
+def resolve_pin_rules(detect_pins: bool | str | None, *, default: str = LATEST_RULES) -> str | None:
+    """The rule-set name a builder option means: False/None -> None (no detection), True -> `default`,
+    a name -> that name once checked against `DETECTORS` (a recorded `pin_rules` passes through as is)."""
+    if detect_pins is None or detect_pins is False:
+        return None
+    if detect_pins is True:
+        return default
+    get_detector(detect_pins)
+    return detect_pins
+
+
 def pin_id_for(source_event_id: str, text: str) -> str:
     """Deterministic pin id of a detected constraint."""
     return "pin-" + hashlib.sha256(f"{source_event_id}\x00{text}".encode()).hexdigest()[:12]
 
 
-def detect_constraints(events: Iterable[Event], *, roles: Sequence[str] = ("user", "system")) -> list[Detection]:
-    """Every constraint sentence in the `Message` events with one of `roles`, in log order."""
+def detect_constraints(
+    events: Iterable[Event], *, roles: Sequence[str] = ("user", "system"), rules: str = RULESET,
+) -> list[Detection]:
+    """Every constraint sentence in the `Message` events with one of `roles`, in log order, found by the
+    registered rule set `rules`. Tool output (`ToolResult` events, `tool` messages) and tool descriptions
+    are never read unless asked: pass `roles=("user", "system", "tool")` to read `tool` messages too."""
+    detector = get_detector(rules)
     found: list[Detection] = []
     for e in events:
         if not isinstance(e, Message) or e.role not in roles or not e.id:
             continue
-        for sentence in split_sentences(content_text(e.content)):
-            kind = classify(sentence)
-            if kind is not None:
-                found.append(Detection(sentence, e.id, f"{RULESET}:{kind}", pin_id_for(e.id, sentence)))
+        for sentence, kind in detector.find(content_text(e.content)):
+            found.append(Detection(sentence, e.id, f"{detector.name}:{kind}", pin_id_for(e.id, sentence)))
     return found
 
 
-def new_detections(events: Sequence[Event], *, start: int = 0) -> list[Detection]:
-    """Detections in `events[start:]` whose pin id was never recorded in `events` (pinned or unpinned)."""
+def new_detections(events: Sequence[Event], *, start: int = 0, rules: str = RULESET) -> list[Detection]:
+    """Detections (rule set `rules`) in `events[start:]` whose pin id was never recorded in `events`
+    (pinned or unpinned)."""
     seen = {e.pin_id for e in events if isinstance(e, (Pin, Unpin))}
     out = []
-    for d in detect_constraints(events[start:]):
+    for d in detect_constraints(events[start:], rules=rules):
         if d.pin_id not in seen:
             seen.add(d.pin_id)
             out.append(d)
