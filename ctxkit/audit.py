@@ -33,7 +33,7 @@ per wall second), policy-version lag per step when `trained_at` is given, tool t
 timeout rate, abort rate and discard rate (episodes unusable for training: no end, unscored, no steps, or
 a step that does not replay).
 
-L3: imports L0/L1, `replay` and `samples`.
+L3: imports L0/L1, `replay`, `samples`, `offline_steps` and `audit_resume` (the resume check).
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from ctxkit.errors import ConfigError, CtxkitError
-from ctxkit.events import Compaction, EpisodeEnd, EpisodeStart, Event, Pin, StateSnapshot, Step, ToolResult, Unpin
+from ctxkit.events import Compaction, EpisodeEnd, EpisodeStart, Event, Step, ToolResult
+from ctxkit.audit_resume import resume_problems
 from ctxkit.offline_steps import is_offline_step
 
 __all__ = ["CHECKS", "Finding", "CheckResult", "AuditReport", "audit", "find_logs"]
@@ -381,72 +382,15 @@ def _check_ends(p: str, end: EpisodeEnd | None, steps: Sequence[Step], acc: _Acc
 
 
 def _check_resume(p: str, path: Path, events: Sequence[Event], start: EpisodeStart | None, steps: Sequence[Step], acc: _Acc) -> None:
-    live = [s for s in steps if not is_offline_step(s)]
-    offline_only = bool(steps) and not live  # a saved trajectory: nothing to resume, its findings only warn
+    offline_only = bool(steps) and all(is_offline_step(s) for s in steps)  # a saved trajectory: nothing to resume
     acc.checked["resume"] += 0 if offline_only else 1
-    problems = []
-    if start is None or not start.context:
-        problems.append("no builder description in EpisodeStart.context (the next context cannot be built)")
-    has_seed = (start is not None and "seed" in start.sampler) or offline_only or (live and all("seed" in s.sampling for s in live))
-    if not has_seed:
-        problems.append("no sampler seed (EpisodeStart.sampler['seed'] or on every step)")
-    calls: dict[str, int | None] = {}
-    for e in events:
-        for tc in getattr(e, "tool_calls", ()) or ():
-            if not tc.id:
-                problems.append(f"seq {e.seq}: tool call {tc.name!r} has no id")
-            elif tc.id in calls:
-                problems.append(f"seq {e.seq}: tool call id {tc.id!r} reused (first at seq {calls[tc.id]})")
-            calls.setdefault(tc.id, e.seq)
-        if isinstance(e, ToolResult) and e.tool_call_id not in calls:
-            problems.append(f"seq {e.seq}: tool result answers unknown call id {e.tool_call_id!r}")
-    pins = set()
-    for e in events:
-        if isinstance(e, Pin):
-            pins.add(e.pin_id)
-        elif isinstance(e, Unpin) and e.pin_id not in pins:
-            problems.append(f"seq {e.seq}: unpin of unknown pin {e.pin_id!r}")
-    snaps = [e for e in events if isinstance(e, StateSnapshot)]
-    stateful = bool(snaps) or any(
-        bool(m.get("stateful")) for m in ((start.task, start.metadata) if start is not None else ()) if isinstance(m, Mapping)
-    )
-    if stateful:
-        problems += _snapshot_problems(path, events, snaps)
+    problems = resume_problems(path, events, start, steps)
     for msg in problems[:1]:
         more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
         if offline_only:
             acc.warn("resume", p, "episode", f"offline log (not resumable): {msg}{more}")
         else:
             acc.fail("resume", p, "episode", msg + more)
-
-
-def _snapshot_problems(path: Path, events: Sequence[Event], snaps: Sequence[StateSnapshot]) -> list[str]:
-    """A successful tool result must be followed by a snapshot before the policy acts again (or the log ends):
-    any snapshot after it captures the state it left."""
-    problems = []
-    pending: list[ToolResult] = []
-    for e in events:
-        if isinstance(e, ToolResult) and e.status == "ok":
-            pending.append(e)
-        elif isinstance(e, StateSnapshot):
-            pending = []
-        elif isinstance(e, (Step, EpisodeEnd)):
-            problems += [f"seq {r.seq}: tool result for call {r.tool_call_id!r} may have changed external state "
-                         "but no StateSnapshot follows it" for r in pending]
-            pending = []
-    problems += [f"seq {r.seq}: tool result for call {r.tool_call_id!r} has no StateSnapshot after it" for r in pending]
-    from ctxkit.errors import StateError
-    from ctxkit.state import BlobStore
-
-    store = BlobStore.for_log(path)
-    for s in snaps:
-        try:
-            present = store.has(s.manifest_sha256)
-        except StateError:
-            present = False
-        if not present:
-            problems.append(f"seq {s.seq}: snapshot manifest {s.manifest_sha256[:16]!r} is missing from {store.root}")
-    return problems
 
 
 def _timing_seconds(step: Step) -> float | None:
