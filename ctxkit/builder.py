@@ -29,6 +29,7 @@ from ctxkit.errors import (BudgetError, ConfigError, InvariantError, LogFormatEr
 from ctxkit.events import Compaction, EpisodeStart, Event, Pin, Unpin
 from ctxkit.log import MemoryLog as MemoryLog  # its home is ctxkit.log; kept importable from here
 from ctxkit.pins import RULESET, detect_constraints
+from ctxkit.special_tokens import RECORDED_DEFAULT, resolve_special_tokens
 from ctxkit.view import (Provenance, View, ViewMessage, ViewState, apply_edits, build_view, make_view, pairing_problems,
                          pending_calls)
 
@@ -86,6 +87,9 @@ class ContextBuilder:
     objects; `compressor` a registry name, a `CompressorSpec`, a `{"name", "params"}` dict or an instance
     (with `params` overriding). `budget` is in real tokens of the final render; `reserve_tokens` of it are
     kept free for the response. `detect_pins` turns on the `constraint-rules-v1` detector.
+    `special_tokens`: policy for special-token text in message content (`ctxkit.special_tokens`: one of
+    allow | escape | error, or a mapping role -> policy; default: escape tool content, allow the rest);
+    recorded by `describe()` so a replay renders the same way.
     """
 
     def __init__(
@@ -97,6 +101,7 @@ class ContextBuilder:
         params: Mapping[str, Any] | None = None,
         detect_pins: bool = True,
         reserve_tokens: int = 0,
+        special_tokens: str | Mapping[str, str] | None = None,
     ) -> None:
         from ctxkit.templates import load_template
         from ctxkit.tokenizers import load_tokenizer
@@ -112,7 +117,8 @@ class ContextBuilder:
         self.budget = budget
         self.reserve_tokens = reserve_tokens
         self.detect_pins = detect_pins
-        self._renderer = _RenderCache(self.tokenizer, self.template)
+        self.special_tokens = resolve_special_tokens(special_tokens, "ContextBuilder: special_tokens")
+        self._renderer = _RenderCache(self.tokenizer, self.template, special_tokens=self.special_tokens)
         self._state: ViewState | None = None
         self._fed_ids: list[str] = []
         self._scanned = 0
@@ -137,6 +143,7 @@ class ContextBuilder:
             "budget": self.budget,
             "reserve_tokens": self.reserve_tokens,
             "pin_rules": RULESET if self.detect_pins else None,
+            "special_tokens": dict(self.special_tokens),
         }
 
     @classmethod
@@ -150,6 +157,7 @@ class ContextBuilder:
                 budget=desc["budget"],
                 detect_pins=desc.get("pin_rules") is not None,
                 reserve_tokens=desc.get("reserve_tokens", 0),
+                special_tokens=desc.get("special_tokens", RECORDED_DEFAULT),  # older logs: as recorded, allow
             )
         except (KeyError, TypeError) as exc:
             raise ConfigError(f"builder description is missing {exc}: {dict(desc)!r}") from None
@@ -276,10 +284,12 @@ def rebuild(
     template: Any = None,
     upto_seq: int | None = None,
     budget: int | None = None,
+    special_tokens: str | Mapping[str, str] | None = None,
 ) -> BuiltContext:
     """The context of the view after `events[..upto_seq]`, rendered exactly as `build` did. Pure: appends
     nothing and never runs a compressor. `budget` defaults to the one recorded in `EpisodeStart.context`;
-    it is not enforced (a recorded overflow is reproduced), only reported in `truncated`."""
+    it is not enforced (a recorded overflow is reproduced), only reported in `truncated`. `special_tokens`
+    defaults to the policy recorded in `EpisodeStart.context`, `"allow"` when none is (older logs)."""
     from ctxkit.templates import load_template
     from ctxkit.tokenizers import load_tokenizer
 
@@ -288,12 +298,14 @@ def rebuild(
     tok = load_tokenizer(tokenizer)
     tmpl = load_template(template, tok)
     view = build_view(events, upto_seq)
+    start = next((e for e in events if isinstance(e, EpisodeStart)), None)
+    if special_tokens is None:
+        special_tokens = (start.context.get("special_tokens") if start is not None else None) or RECORDED_DEFAULT
     if budget is None:
-        start = next((e for e in events if isinstance(e, EpisodeStart)), None)
         if start is not None and isinstance(start.context.get("budget"), int):
             budget = start.context["budget"] - int(start.context.get("reserve_tokens", 0) or 0)
     check_pairing(view)
-    rendered = _RenderCache(tok, tmpl).render(view)
+    rendered = _RenderCache(tok, tmpl, special_tokens=special_tokens).render(view)
     truncated = budget is not None and len(rendered.token_ids) > budget
     return _finish(view, rendered, tok, budget, (), truncated)
 
@@ -361,8 +373,9 @@ class _RenderCache:
     extend the last rendered view's (same message objects, in order) is rendered incrementally by H1's
     `IncrementalRenderer` (only the new text is tokenized), any other view from scratch."""
 
-    def __init__(self, tokenizer: Any, template: Any, size: int = 8):
+    def __init__(self, tokenizer: Any, template: Any, size: int = 8, special_tokens: Any = None):
         self.tokenizer = tokenizer
+        self.special_tokens = special_tokens
         self.template = template
         self.size = size
         self._cache: OrderedDict[str, Any] = OrderedDict()
@@ -386,7 +399,7 @@ class _RenderCache:
         if extends:
             renderer = self._base
         else:
-            renderer = IncrementalRenderer(self.tokenizer, self.template, list(view.tools) or None)
+            renderer = IncrementalRenderer(self.tokenizer, self.template, list(view.tools) or None, self.special_tokens)
             n = 0
         renderer.extend(m.to_chat() for m in msgs[n:])
         out = renderer.render(add_generation_prompt=True)

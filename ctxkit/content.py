@@ -41,8 +41,8 @@ def check_content(content: Any, where: str) -> None:
         kind = part.get("type")
         if kind != "text":
             raise MessageFormatError(
-                f"{where}: content part {j} has type {kind!r}; ctxkit renders text only "
-                "(parts {'type': 'text', 'text': str}); images and other non-text parts are refused"
+                f"{where}: content part {j} is {kind!r}: only text parts {{'type': 'text', 'text': str}} "
+                "are supported (ctxkit renders text; images and other non-text parts are refused)"
             )
         if not isinstance(part.get("text"), str):
             raise MessageFormatError(f"{where}: content part {j} is a text part without a string 'text'")

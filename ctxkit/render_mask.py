@@ -175,6 +175,50 @@ class TurnLabeller:
                     cursor = pos + len(body)
         return cursor
 
+    # -- special tokens in content -------------------------------------------------------------
+
+    def _occurrences(self, text: str) -> list[tuple[int, int, str, int | None]]:
+        """`(message index, char in content, token, char in text or None)` of every special-token
+        occurrence found in message content at `append` (`self._specials`), located in `text`."""
+        where: dict[int, TextRegion] = {r.index: r for r in self._regions if r.kind in ("content", "produced")}
+        out = []
+        for i, occ in sorted(self._specials.items()):
+            r = where.get(i)
+            base = -1
+            if r is not None:
+                body = message_text(self._chat[i].get("content"))
+                base = r.start if r.kind == "content" else text.find(body, r.start, r.end)
+            out.extend((i, c, tok, base + c if base >= 0 else None) for c, tok in occ)
+        return out
+
+    def _special_literals(self, text: str) -> set[int]:
+        """Offsets in `text` of the occurrences to encode as plain text (messages whose role escapes);
+        `RenderError` when one cannot be located."""
+        literal = set()
+        for i, c, tok, at in self._occurrences(text):
+            if self._policy[self._chat[i]["role"]] == "escape":
+                if at is None:
+                    raise RenderError(f"message {i}: cannot locate its content in the render of template "
+                                      f"{self.template.id} to escape the special token {tok!r} at char {c}")
+                literal.add(at)
+        return literal
+
+    def _special_report(self, text: str) -> tuple:
+        """The `SpecialTokenInContent` records of the last render (positions in output ids)."""
+        from ctxkit.special_tokens import SpecialTokenInContent
+
+        out = []
+        for i, c, tok, at in self._occurrences(text):
+            position = None
+            if at is not None:
+                p = bisect.bisect_right(self._starts, at) - 1
+                k = bisect.bisect_right([sub.z for sub in self._subs], p)
+                inside = k < len(self._subs) and self._subs[k].a <= p
+                position = None if inside or p < 0 else p + (self._subs[k - 1].shift if k else 0)
+            role = self._chat[i]["role"]
+            out.append(SpecialTokenInContent(i, role, tok, c, position, self._policy[role]))
+        return tuple(out)
+
     # -- labelling ---------------------------------------------------------------------------
 
     def _relabel(self, from_char: int) -> int:

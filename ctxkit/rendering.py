@@ -34,12 +34,13 @@ import array
 import bisect
 import hashlib
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping, Sequence
 
-from ctxkit.chat_messages import validate_message
-from ctxkit.errors import MessageFormatError, RenderError, TemplateError
+from ctxkit.chat_messages import message_text, validate_message
+from ctxkit.errors import MessageFormatError, RenderError, SpecialTokenError, TemplateError
 from ctxkit.render_mask import TextRegion, TurnLabeller
+from ctxkit.special_tokens import encode_escaped, find_special_tokens, resolve_special_tokens
 from ctxkit.template_locality import window_delta
 from ctxkit.template_profile import template_profile
 from ctxkit.templates import ChatTemplate, load_template, normalize_messages, plain_value
@@ -99,6 +100,8 @@ class RenderedContext:
     """Whether the template is prefix-preserving (see `TemplateReport.prefix_preserving`)."""
     hash: str
     """`context_hash(token_ids)`."""
+    special_tokens_in_content: tuple = ()
+    """`ctxkit.special_tokens.SpecialTokenInContent` records: special-token text found in message content."""
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -118,8 +121,14 @@ class IncrementalRenderer(TurnLabeller):
     """Renders a growing conversation; each `render` tokenizes only text after the last stable
     special-token boundary and relabels only what changed. Ids equal a full `render` every time."""
 
-    def __init__(self, tokenizer, template: ChatTemplate | str | None = None, tools: Sequence[Mapping] | None = None):
+    def __init__(self, tokenizer, template: ChatTemplate | str | None = None, tools: Sequence[Mapping] | None = None,
+                 special_tokens: str | Mapping[str, str] | None = None):
         self.tokenizer: Tokenizer = load_tokenizer(tokenizer)
+        self._policy = resolve_special_tokens(special_tokens)
+        self.special_tokens: Mapping[str, str] = dict(self._policy)
+        """The policy role -> allow | escape | error (see `ctxkit.special_tokens`)."""
+        self._specials: dict[int, list[tuple[int, str]]] = {}  # message index -> (char, token) in its content
+        self._escape = False  # some escaped message holds special-token text: tokenize with escapes
         self.template: ChatTemplate = load_template(template, self.tokenizer)
         self.tools = None if tools is None else list(tools)
         self._tools_plain = None if tools is None else plain_value(list(tools), "tools")
@@ -176,6 +185,16 @@ class IncrementalRenderer(TurnLabeller):
         index = len(self._messages)
         clean, sampled = validate_message(message, index, self._call_ids, self.tokenizer.vocab_size)
         chat = normalize_messages([clean])[0]
+        found = find_special_tokens(message_text(chat.get("content")), self.tokenizer)
+        if found:
+            role, policy = chat["role"], self._policy[chat["role"]]
+            if policy == "error":
+                c, tok = found[0]
+                raise SpecialTokenError(f"message {index} ({role}): special token {tok!r} at char {c} of its content "
+                                        f"(special_tokens policy 'error' for {role})", message_index=index, role=role,
+                                        token=tok, char=c)
+            self._specials[index] = found
+            self._escape = self._escape or policy == "escape"
         if self._structural_ok and self._profile.markers:
             if any(m in s for s in _strings_in(chat) for m in self._profile.markers):
                 self._structural_ok = False
@@ -259,10 +278,22 @@ class IncrementalRenderer(TurnLabeller):
         """The context for the messages so far (ids equal `apply_chat_template(..., tokenize=True)`)."""
         text = self._text_for(add_generation_prompt)
         try:
-            stable = self._retokenize(text)
-            relabel_from = self._locate(text, add_generation_prompt, stable)
-            changed = self._relabel(min(stable, relabel_from))
-            return self._output(changed)
+            if self._escape:  # locate first, then tokenize with the escaped occurrences as plain text
+                core, head = self._core, self._head
+                self._reset()
+                self._core, self._head = core, head
+                self._locate(text, add_generation_prompt, 0)
+                self._ids, self._starts = encode_escaped(self.tokenizer, text, self._special_literals(text))
+                self._text = ""  # no incremental reuse of an escaped tokenization
+                ctx = self._output(self._relabel(0))
+            else:
+                stable = self._retokenize(text)
+                relabel_from = self._locate(text, add_generation_prompt, stable)
+                changed = self._relabel(min(stable, relabel_from))
+                ctx = self._output(changed)
+            if self._specials:
+                ctx = replace(ctx, special_tokens_in_content=self._special_report(text))
+            return ctx
         except BaseException:
             self._reset()  # the next render starts from scratch rather than from half-updated state
             raise
@@ -447,9 +478,12 @@ def render(
     template: ChatTemplate | str | None = None,
     tools: Sequence[Mapping[str, Any]] | None = None,
     add_generation_prompt: bool = False,
+    special_tokens: str | Mapping[str, str] | None = None,
 ) -> RenderedContext:
-    """Render OpenAI messages to token ids, loss mask, roles and spans (see module docstring)."""
-    renderer = IncrementalRenderer(tokenizer, template, tools)
+    """Render OpenAI messages to token ids, loss mask, roles and spans (see module docstring).
+    `special_tokens`: what to do with special-token text in content (`ctxkit.special_tokens`; default:
+    escape it in tool content, allow it elsewhere)."""
+    renderer = IncrementalRenderer(tokenizer, template, tools, special_tokens)
     renderer.extend(messages)
     return renderer.render(add_generation_prompt=add_generation_prompt)
 

@@ -103,11 +103,13 @@ def test_incremental_with_sampled_ids_and_drift():
                                    max_size=4).map("".join),
                           st.booleans()),
                 min_size=1, max_size=12))
-def test_incremental_property_chatml(steps):
+@pytest.mark.parametrize("policy", ["allow", "escape", None])
+def test_incremental_property_chatml(policy, steps):
     """Property: for any text (unicode, whitespace, ChatML control text inside content) and any order of
-    appends and renders, the incremental render equals the full render."""
+    appends and renders, the incremental render equals the full render, under every special-token policy
+    (None: the default, tool content escaped); under "allow" the ids are tiktoken's with specials parsed."""
     tok = load_tokenizer("tiktoken:cl100k_base")
-    inc = IncrementalRenderer(tok, "chatml-tools-v1")
+    inc = IncrementalRenderer(tok, "chatml-tools-v1", special_tokens=policy)
     msgs: list[dict] = []
     for k, (role, text, agp) in enumerate(steps):
         if role == "tool":
@@ -119,15 +121,16 @@ def test_incremental_property_chatml(steps):
             msgs.append({"role": role, "content": text})
         inc.append(msgs[-1])
         try:
-            full = render(msgs, tok, "chatml-tools-v1", add_generation_prompt=agp)
+            full = render(msgs, tok, "chatml-tools-v1", add_generation_prompt=agp, special_tokens=policy)
         except RenderError:
             with pytest.raises(RenderError):
                 inc.render(add_generation_prompt=agp)
             return
         got = inc.render(add_generation_prompt=agp)
         assert got == full
-        assert list(got.token_ids) == tok.encoding.encode(
-            inc.template.render_text(msgs, add_generation_prompt=agp), allowed_special="all")
+        if policy == "allow" or not any(r.policy == "escape" for r in got.special_tokens_in_content):
+            assert list(got.token_ids) == tok.encoding.encode(
+                inc.template.render_text(msgs, add_generation_prompt=agp), allowed_special="all")
 
 
 def test_renderer_recovers_after_an_error(tmp_path):
