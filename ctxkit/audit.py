@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from ctxkit.errors import ConfigError, CtxkitError
+from ctxkit.special_tokens import count_in_log
 from ctxkit.events import Compaction, EpisodeEnd, EpisodeStart, Event, Step, ToolResult
 from ctxkit.audit_resume import resume_problems
 from ctxkit.offline_steps import is_offline_step
@@ -179,6 +180,7 @@ class _Acc:
         self.examples: dict[str, list[Finding]] = {k: [] for k in CHECKS}
         self.warnings: dict[str, list[Finding]] = {k: [] for k in CHECKS}
         self.n: Counter[str] = Counter()
+        self.specials: dict[str, int] = {}  # log -> special-token occurrences in message content
         self.floats: Counter[str] = Counter()
         self.lags: list[int] = []
         self.lag_unknown = 0
@@ -249,6 +251,10 @@ def _audit_log(path: Path, acc: _Acc, *, trained_at: int | None, rebuild: bool) 
     _check_ends(p, end, steps, acc)
     _check_resume(p, path, events, start, steps, acc)
     _count_figures(events, steps, end, acc, trained_at)
+    specials = count_in_log(events)  # special-token text in message content, per log (ctxkit.special_tokens)
+    if specials:
+        acc.n["special_tokens_in_content"] += specials
+        acc.specials[p] = specials
     if not usable:
         acc.n["discarded"] += 1
 
@@ -457,6 +463,8 @@ def _figures(acc: _Acc, trained_at: int | None) -> dict[str, Any]:
         "abort_rate": _rate(n["aborted_steps"], n["steps"]),
         "discard_rate": _rate(n["discarded"], n["logs"]),
         "offline_logs": len(acc.offline),
+        "special_tokens_in_content": n["special_tokens_in_content"],
+        "special_tokens_in_content_by_log": dict(acc.specials),
     }
     if trained_at is not None:
         lags = acc.lags

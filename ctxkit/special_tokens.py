@@ -177,3 +177,22 @@ def encode_escaped(tokenizer: Any, text: str, literal: set[int]) -> tuple[list[i
             starts.extend(pos + s for s in p_starts)
         pos += len(piece)
     return ids, starts
+
+
+def count_in_log(events: Iterable[Any]) -> int | None:
+    """`count_special_tokens_in_content` under the tokenizer recorded in the log's `EpisodeStart.context`;
+    None when no tokenizer is recorded or it cannot be loaded here."""
+    from ctxkit.errors import CtxkitError
+    from ctxkit.events import EpisodeStart
+    from ctxkit.tokenizers import load_tokenizer
+
+    events = list(events)
+    start = next((e for e in events if isinstance(e, EpisodeStart)), None)
+    spec = (start.context.get("tokenizer") or {}).get("spec") if start is not None else None
+    if not spec:
+        return None
+    try:
+        tok = load_tokenizer(spec)
+    except CtxkitError:
+        return None
+    return count_special_tokens_in_content(events, tok)
