@@ -114,10 +114,11 @@ result for a call already answered."""
 
 class ToolPairingError(InvariantError, MessageFormatError):
     """Tool calls and results do not pair up. `problem` is one of `PAIRING_PROBLEMS`; `event` names the
-    event (id and seq) or message index at fault and `call_id` the call. Both an `InvariantError` (a built
+    event (id and seq) or message index at fault and `call_id` the call (None when re-raised with a
+    message only, as `type(exc)(text)` does). Both an `InvariantError` (a built
     view) and a `MessageFormatError` (a message list)."""
 
-    def __init__(self, message: str, *, problem: str, event: str | None = None, call_id: str | None = None):
+    def __init__(self, message: str, *, problem: str | None = None, event: str | None = None, call_id: str | None = None):
         super().__init__(message)
         self.problem, self.event, self.call_id = problem, event, call_id
 
@@ -134,7 +135,8 @@ class SpecialTokenError(MessageFormatError):
     """Special-token text found in a message's content under `special_tokens="error"`. `message_index`,
     `role`, `token` and `char` (offset in the content) say where."""
 
-    def __init__(self, message: str, *, message_index: int, role: str, token: str, char: int):
+    def __init__(self, message: str, *, message_index: int | None = None, role: str | None = None,
+                 token: str | None = None, char: int | None = None):
         super().__init__(message)
         self.message_index, self.role, self.token, self.char = message_index, role, token, char
 

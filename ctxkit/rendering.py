@@ -26,6 +26,10 @@ Token-in-token-out: an assistant dict may carry `"token_ids"` (the sampled ids).
 rendered ids of that turn's produced region verbatim; where they differ, a `Drift` is recorded. If
 the sampled ids lack the end-of-turn token (finish by length), the template's end-of-turn token stays
 in the context as scaffold with mask 0.
+
+Content follows `ctxkit.content` (text parts flattened, images refused). Special-token text inside a
+message's content follows the `special_tokens` policy (`ctxkit.special_tokens`: allow | escape | error per
+role; default escapes tool content) and every occurrence is reported in `special_tokens_in_content`.
 """
 
 from __future__ import annotations
