@@ -28,7 +28,7 @@ from ctxkit.errors import (BudgetError, ConfigError, InvariantError, LogFormatEr
                            ToolPairingError)
 from ctxkit.events import Compaction, EpisodeStart, Event, Pin, Unpin
 from ctxkit.log import MemoryLog as MemoryLog  # its home is ctxkit.log; kept importable from here
-from ctxkit.pins import RULESET, detect_constraints
+from ctxkit.pins import detect_constraints, resolve_pin_rules
 from ctxkit.special_tokens import RECORDED_DEFAULT, resolve_special_tokens
 from ctxkit.view import (Provenance, View, ViewMessage, ViewState, apply_edits, build_view, make_view, pairing_problems,
                          pending_calls)
@@ -86,7 +86,9 @@ class ContextBuilder:
     `tokenizer` and `template` are spec strings (`load_tokenizer` / `load_template` specs) or loaded
     objects; `compressor` a registry name, a `CompressorSpec`, a `{"name", "params"}` dict or an instance
     (with `params` overriding). `budget` is in real tokens of the final render; `reserve_tokens` of it are
-    kept free for the response. `detect_pins` turns on the `constraint-rules-v1` detector.
+    kept free for the response. `detect_pins`: True runs the latest constraint detector
+    (`constraint-rules-v2`), a name runs that registered one (`ctxkit.pins.DETECTORS`), False none; the
+    rule set is recorded as `pin_rules`, so a resumed v1 episode keeps detecting with v1.
     `special_tokens`: policy for special-token text in message content (`ctxkit.special_tokens`: one of
     allow | escape | error, or a mapping role -> policy; default: escape tool content, allow the rest);
     recorded by `describe()` so a replay renders the same way.
@@ -99,7 +101,7 @@ class ContextBuilder:
         compressor: str | CompressorSpec | Mapping[str, Any] | Compressor = "keep-all",
         budget: int = 32_768,
         params: Mapping[str, Any] | None = None,
-        detect_pins: bool = True,
+        detect_pins: bool | str = True,
         reserve_tokens: int = 0,
         special_tokens: str | Mapping[str, str] | None = None,
     ) -> None:
@@ -116,7 +118,8 @@ class ContextBuilder:
         self.compressor = make_compressor(compressor, **dict(params or {}))
         self.budget = budget
         self.reserve_tokens = reserve_tokens
-        self.detect_pins = detect_pins
+        self.pin_rules = resolve_pin_rules(detect_pins)
+        self.detect_pins = self.pin_rules is not None
         self.special_tokens = resolve_special_tokens(special_tokens, "ContextBuilder: special_tokens")
         self._renderer = _RenderCache(self.tokenizer, self.template, special_tokens=self.special_tokens)
         self._state: ViewState | None = None
@@ -142,7 +145,7 @@ class ContextBuilder:
             else {"name": self.compressor.spec.name, "params": dict(self.compressor.spec.params)},
             "budget": self.budget,
             "reserve_tokens": self.reserve_tokens,
-            "pin_rules": RULESET if self.detect_pins else None,
+            "pin_rules": self.pin_rules,
             "special_tokens": dict(self.special_tokens),
         }
 
@@ -155,7 +158,7 @@ class ContextBuilder:
                 template=desc["template"]["spec"],
                 compressor=desc["compressor"],
                 budget=desc["budget"],
-                detect_pins=desc.get("pin_rules") is not None,
+                detect_pins=desc.get("pin_rules") or False,
                 reserve_tokens=desc.get("reserve_tokens", 0),
                 special_tokens=desc.get("special_tokens", RECORDED_DEFAULT),  # older logs: as recorded, allow
             )
@@ -180,7 +183,7 @@ class ContextBuilder:
         appended: list[str] = []
         if self.detect_pins:
             new = []
-            for d in detect_constraints(events[self._scanned:]):
+            for d in detect_constraints(events[self._scanned:], rules=self.pin_rules):
                 if d.pin_id not in self._seen_pins:
                     self._seen_pins.add(d.pin_id)
                     new.append(d.to_pin())

@@ -60,7 +60,7 @@ def test_build_records_pins_and_compactions_and_rebuild_is_exact(tmp_path, tok, 
     events = EventLog.open(tmp_path / "ep.jsonl").events()
     pins = [e for e in events if isinstance(e, Pin)]
     assert [(p.text, p.rule, p.source_event_id) for p in pins] == [
-        (CONSTRAINT, "constraint-rules-v1:prohibition", events[2].id)]
+        (CONSTRAINT, "constraint-rules-v2:prohibition", events[2].id)]
     assert events[3].kind == "pin"  # recorded at the first build, before the first step
     comps = [e for e in events if isinstance(e, Compaction)]
     assert comps and all(c.compressor == "mask-observations-v1" for c in comps)
@@ -105,13 +105,24 @@ def test_describe_round_trip(tok):
                        budget=4000, reserve_tokens=500)
     d = b.describe()
     assert d["compressor"] == {"name": "window-v1", "params": b.compressor.spec.params}
-    assert d["budget"] == 4000 and d["reserve_tokens"] == 500 and d["pin_rules"] == "constraint-rules-v1"
+    assert d["budget"] == 4000 and d["reserve_tokens"] == 500 and d["pin_rules"] == "constraint-rules-v2"
     assert d["tokenizer"]["id"] == tok.id and d["template"]["spec"] is None
     again = ContextBuilder.from_description(d)
     assert again.describe() == d and again.effective_budget == 3500
     bad = {**d, "tokenizer": {**d["tokenizer"], "id": "qwen@sha256:0000"}}
     with pytest.raises(ReplayError, match="recorded tokenizer id"):
         ContextBuilder.from_description(bad)
+
+
+def test_a_recorded_v1_rule_set_resumes_with_v1(tok):
+    """Logs recorded before v2 say `pin_rules: constraint-rules-v1`: a builder resumed from that keeps v1,
+    and a builder can name either registered detector; an unknown name is refused."""
+    d = ContextBuilder(tok, detect_pins="constraint-rules-v1").describe()
+    assert d["pin_rules"] == "constraint-rules-v1"
+    assert ContextBuilder.from_description(d).pin_rules == "constraint-rules-v1"
+    assert ContextBuilder.from_description({**d, "pin_rules": None}).detect_pins is False
+    with pytest.raises(ConfigError, match="constraint-rules-v9"):
+        ContextBuilder(tok, detect_pins="constraint-rules-v9")
 
 
 def test_budget_smaller_than_pinned_prefix_names_sizes(tok):

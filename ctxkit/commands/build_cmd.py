@@ -52,7 +52,7 @@ def register_build(subparsers) -> None:
                         help="compressor parameter; V is parsed as JSON when it can be, else kept as a string")
     parser.add_argument("--budget", type=positive_int, required=True, help="token budget of the final render")
     parser.add_argument("--reserve-tokens", type=non_negative_int, default=0, help="tokens of the budget kept for the response")
-    parser.add_argument("--no-detect-pins", action="store_true", help="turn off the constraint-rules-v1 detector")
+    parser.add_argument("--no-detect-pins", action="store_true", help="turn off the constraint detector (constraint-rules-v2)")
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--step", type=non_negative_int, default=None, metavar="K",
                        help="build only before assistant turn K (0-based; default: the next turn after the log)")
