@@ -38,7 +38,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
-from ctxkit.errors import ConfigError, ReplayError
+from ctxkit.errors import BudgetError, ConfigError, ReplayError
 from ctxkit.events import EpisodeEnd, EpisodeStart, Step
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -311,6 +311,10 @@ def samples(log_or_events: "EventLog | Sequence[Any] | str", *, tokenizer: Any =
     return assemble_samples(triples, meta)
 
 
+OVERFLOW_POLICIES: tuple[str, ...] = ("error", "truncate")
+"""What `compressed_samples` does with a step whose context cannot fit: raise, or end the episode there."""
+
+
 def _rebuild_error(exc: Exception, step: Step, where: str) -> Exception:
     """The same error type, naming the step whose context could not be built."""
     try:
@@ -329,9 +333,16 @@ def compressed_samples(
     template: Any = None,
     reserve_tokens: int = 0,
     detect_pins: bool = False,
+    on_overflow: str = "error",
 ) -> list[TrainingSample]:
     """Training samples of one episode as if its policy had seen contexts built by `compressor` at
     `budget` (see the module docstring). The source log is only read.
+
+    `on_overflow` says what a step whose context cannot fit the budget does: `"error"` raises the builder's
+    error; `"truncate"` ends the episode there, as a live run at that budget would have been cut: samples
+    cover the steps before it, with `outcome="truncated"`, `cause="context_budget"` and no reward
+    (`reward_kind="limit_truncation"`: the source's reward was earned by an episode this policy never
+    finished), so a trainer bootstraps instead of crediting the source's outcome.
 
     `tokenizer`/`template` default to the recorded ones (given ones must have the recorded ids); a log
     without steps needs `tokenizer` and gets offline steps. `detect_pins` runs the constraint detector in
@@ -346,6 +357,8 @@ def compressed_samples(
     from ctxkit.log import MemoryLog
     from ctxkit.log_replay import load_events, resolve_setup
 
+    if on_overflow not in OVERFLOW_POLICIES:
+        raise ConfigError(f"on_overflow is {on_overflow!r}; expected one of {list(OVERFLOW_POLICIES)}")
     events, header_episode = load_events(log_or_events)
     where = f"{log_or_events}: " if isinstance(log_or_events, str) else ""
     if not any(isinstance(e, Step) for e in events):
@@ -360,6 +373,7 @@ def compressed_samples(
     mem = MemoryLog()
     triples = []
     made: dict[int, list[dict[str, Any]]] = {}
+    cut = False
     for pos, event in enumerate(events):
         if isinstance(event, Compaction):  # the source's own decisions: rebuilt under the new compressor instead
             continue
@@ -369,6 +383,11 @@ def compressed_samples(
             n0 = len(mem)
             try:
                 ctx = builder.build(mem)
+            except BudgetError as exc:
+                if on_overflow == "error":
+                    raise _rebuild_error(exc, event, where) from None
+                cut = True
+                break
             except CtxkitError as exc:
                 raise _rebuild_error(exc, event, where) from None
             seq = pos if event.seq is None else int(event.seq)
@@ -382,5 +401,8 @@ def compressed_samples(
     meta = episode_meta(events, episode_id=header_episode, template_id=tpl.id, tokenizer_id=tok.id)
     spec = _compressor_text({"compressor": builder.describe()["compressor"]})
     meta = dataclasses.replace(meta, compressor=f"{spec} budget={budget}" + (f" reserve={reserve_tokens}" if reserve_tokens else ""))
+    if cut:
+        meta = dataclasses.replace(meta, outcome="truncated", cause="context_budget", reward=None,
+                                   reward_kind="limit_truncation")
     return [dataclasses.replace(s, compactions=tuple(c for q in s.step_seqs for c in made.get(q, ())))
             for s in assemble_samples(triples, meta)]

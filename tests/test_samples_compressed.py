@@ -61,6 +61,24 @@ def test_window_below_the_full_length(tau_log):
     assert digest(tau_log) == before
 
 
+def test_on_overflow_truncate_ends_the_episode_where_a_context_cannot_fit(tau_log):
+    """At 4096 tokens the window cannot hold step seq 9's context (3878 tokens of system prompt and tools
+    plus the newest turn): with on_overflow="truncate" the samples stop before it, the episode is truncated
+    by the context budget and the source's reward is not carried (this policy never finished the episode)."""
+    before = digest(tau_log)
+    rows = compressed_samples(str(tau_log), compressor="window", budget=4096, on_overflow="truncate")
+    steps = [e for e in read_events(tau_log) if isinstance(e, Step)]
+    kept = [s for s in steps if s.seq < 9]
+    assert [q for s in rows for q in s.step_seqs] == [s.seq for s in kept]
+    assert [t for s in rows for t, m in zip(s.token_ids, s.loss_mask) if m] == [t for s in kept for t in s.token_ids]
+    assert all(n <= 4096 for s in rows for n in step_contexts(s))
+    assert all((s.reward, s.reward_kind, s.outcome, s.cause) == (None, "limit_truncation", "truncated", "context_budget")
+               for s in rows)
+    assert rows[-1].is_final and digest(tau_log) == before
+    with pytest.raises(ConfigError, match="on_overflow is 'drop'; expected one of"):
+        compressed_samples(str(tau_log), compressor="window", budget=4096, on_overflow="drop")
+
+
 def test_keep_all_rebuild_gives_the_recorded_samples(tau_log):
     rows = compressed_samples(str(tau_log), compressor="keep-all", budget=1 << 20)
     recorded = samples(str(tau_log))
@@ -91,7 +109,8 @@ def test_cli_writes_parquet_readable_by_datasets(tau_log, tmp_path, capsys):
     assert digest(tau_log) == before
     info = parquet_info(out)
     assert info["info"] == {"sources": [str(tau_log)], "rebuild": {"compressor": "window", "budget": BUDGET, "params": {},
-                                                                   "reserve_tokens": 0, "detect_pins": False}}
+                                                                   "reserve_tokens": 0, "detect_pins": False,
+                                                                   "on_overflow": "error"}}
     assert sorted(info["compactions"]) == [("tau-0", 1), ("tau-0", 2)]
     back = read_samples(out)
     assert back == compressed_samples(str(tau_log), compressor="window", budget=BUDGET)

@@ -134,6 +134,9 @@ def register_samples(subparsers: Any) -> None:
     p.add_argument("--reserve-tokens", type=non_negative_int, default=0, metavar="N",
                    help="with --compressor: tokens of the budget kept free for the response")
     p.add_argument("--detect-pins", action="store_true", help="with --compressor: run the constraint detector in the rebuild")
+    p.add_argument("--on-overflow", choices=("error", "truncate"), default=None,
+                   help="with --compressor: a step whose context cannot fit the budget is an error (default), or "
+                        "ends its episode there as truncated (cause context_budget, no reward)")
     p.set_defaults(func=_samples)
 
 
@@ -160,12 +163,15 @@ def _samples(args: argparse.Namespace) -> int:
         found = f" (only {len(skipped)} other .jsonl file(s), not ctxkit logs)" if skipped else ""
         raise ConfigError(f"no episode logs found in {', '.join(args.logs)}{found}")
     rows = []
+    empty = 0
     for path in logs:
         try:
             if rebuild is None:
                 rows += samples(str(path), tokenizer=args.tokenizer, template=args.template)
             else:
-                rows += compressed_samples(str(path), tokenizer=args.tokenizer, template=args.template, **rebuild)
+                got = compressed_samples(str(path), tokenizer=args.tokenizer, template=args.template, **rebuild)
+                empty += not got
+                rows += got
         except (ConfigError, ReplayError) as exc:  # name the log unless the message already does
             if type(exc) not in (ConfigError, ReplayError) or str(exc).startswith(str(path)):
                 raise
@@ -178,6 +184,10 @@ def _samples(args: argparse.Namespace) -> int:
     n_tok = sum(len(s.token_ids) for s in rows)
     n_loss = sum(s.n_sampled for s in rows)
     print(f"{args.output}: {len(rows)} samples from {len(logs)} log(s), {n_tok} tokens, {n_loss} loss-bearing")
+    if rebuild is not None and rebuild["on_overflow"] == "truncate":
+        cut = sorted({s.episode_id for s in rows if s.cause == "context_budget"})
+        print(f"{len(cut)} episode(s) cut where a context could not fit {rebuild['budget']} tokens (outcome truncated, "
+              f"cause context_budget, no reward); {empty} log(s) gave no sample (their first context did not fit)")
     if rebuild is not None:
         n_comp = sum(1 for s in rows for c in s.compactions if c.get("kind") == "compaction")
         print(f"rebuilt under {rows[0].compressor if rows else rebuild['compressor']}: {n_comp} compaction(s) "
@@ -191,7 +201,8 @@ def _rebuild_options(args: argparse.Namespace) -> dict[str, Any] | None:
 
     if args.compressor is None:
         used = [flag for flag, value in (("--budget", args.budget), ("--params", args.params),
-                                          ("--reserve-tokens", args.reserve_tokens), ("--detect-pins", args.detect_pins)) if value]
+                                          ("--reserve-tokens", args.reserve_tokens), ("--detect-pins", args.detect_pins),
+                                          ("--on-overflow", args.on_overflow)) if value]
         if used:
             raise ConfigError(f"{', '.join(used)} only apply with --compressor NAME")
         return None
@@ -206,4 +217,5 @@ def _rebuild_options(args: argparse.Namespace) -> dict[str, Any] | None:
         if not isinstance(params, dict):
             raise ConfigError(f"--params {args.params!r}: expected a JSON object")
     return {"compressor": args.compressor, "budget": args.budget, "params": params,
-            "reserve_tokens": args.reserve_tokens, "detect_pins": args.detect_pins}
+            "reserve_tokens": args.reserve_tokens, "detect_pins": args.detect_pins,
+            "on_overflow": args.on_overflow or "error"}
