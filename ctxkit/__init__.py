@@ -30,6 +30,7 @@ _PUBLIC: dict[str, str] = {
     "MemoryLog": "ctxkit.log",
     "load_tokenizer": "ctxkit.tokenizers",
     "load_template": "ctxkit.templates",
+    "read_episodes": "ctxkit.importers",
     "check_template": "ctxkit.template_check",
     # L2
     "View": "ctxkit.view",
@@ -44,6 +45,8 @@ _PUBLIC: dict[str, str] = {
     "context_hash": "ctxkit.rendering",
     "encode_assistant_turn": "ctxkit.rendering",
     "samples": "ctxkit.training_samples",
+    "compressed_samples": "ctxkit.training_samples",
+    "add_offline_steps": "ctxkit.offline_steps",
     "replay": "ctxkit.log_replay",
     "resume": "ctxkit.log_replay",
 }

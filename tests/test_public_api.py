@@ -21,6 +21,7 @@ from conftest import REPO_ROOT, tokenizer_dir
 FUNCTIONS = {
     "render", "samples", "replay", "resume", "load_tokenizer", "load_template", "check_template",
     "build_view", "check_compressor", "make_compressor", "context_hash", "encode_assistant_turn",
+    "read_episodes", "add_offline_steps", "compressed_samples",
 }
 """The public names that are functions; every other public name is a class or a constant."""
 
@@ -86,6 +87,13 @@ CALL_EVERY_FUNCTION = textwrap.dedent(
     (sample,) = ctxkit.samples(folder / "ep.jsonl")
     assert sum(sample.loss_mask) == len(ids)
     assert ctxkit.resume(folder / "ep.jsonl").next_step == 1
+    assert ctxkit.compressed_samples(folder / "ep.jsonl", compressor="window", budget=4000)[0].token_ids == sample.token_ids
+
+    conversation = folder / "conversation.json"
+    conversation.write_text(json.dumps({"messages": messages}))
+    (episode,) = ctxkit.read_episodes(conversation)
+    offline = ctxkit.add_offline_steps(episode.events, tok)
+    assert [e.kind for e in offline if e.kind in ("message", "step")] == ["message", "step"]
     print("ok")
     """
 )
