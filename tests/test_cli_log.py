@@ -65,7 +65,7 @@ def test_import_bare_list_and_errors(tmp_path, capsys):
     bad = _write(tmp_path / "bad.json", [{"role": "user", "content": "x"}, {"role": "tool", "tool_call_id": "zz", "content": "y"}])
     assert main(["import", str(bad), "-o", str(tmp_path / "b.jsonl")]) == 2
     assert capsys.readouterr().err == (f"ctxkit: error: {bad}: messages[1]: tool message answers tool_call_id 'zz', "
-                                       "which no earlier assistant message called\n")
+                                       "which no earlier assistant message called (orphaned result)\n")
     assert not (tmp_path / "b.jsonl").exists()
 
     broken = tmp_path / "broken.json"

@@ -255,11 +255,11 @@ def test_the_log_layer_has_no_import_cycle():
 
 def test_the_log_layer_imports_only_below_or_beside_it():
     graph = import_graph()
-    allowed = {"ctxkit.events": {"ctxkit.errors", "ctxkit.edits"}, "ctxkit.errors": set(),
-               "ctxkit.logfile": {"ctxkit.events", "ctxkit.errors", "ctxkit.edits"},
-               "ctxkit.conversation": {"ctxkit.events", "ctxkit.errors", "ctxkit.edits"},
-               "ctxkit.log": {"ctxkit.events", "ctxkit.errors", "ctxkit.edits", "ctxkit.logfile", "ctxkit.conversation"},
-               "ctxkit.state": {"ctxkit.events", "ctxkit.errors", "ctxkit.edits"}}
+    allowed = {"ctxkit.events": {"ctxkit.errors", "ctxkit.edits", "ctxkit.content"}, "ctxkit.errors": set(),
+               "ctxkit.logfile": {"ctxkit.events", "ctxkit.errors", "ctxkit.edits", "ctxkit.content"},
+               "ctxkit.conversation": {"ctxkit.events", "ctxkit.errors", "ctxkit.edits", "ctxkit.content"},
+               "ctxkit.log": {"ctxkit.events", "ctxkit.errors", "ctxkit.edits", "ctxkit.logfile", "ctxkit.conversation", "ctxkit.content"},
+               "ctxkit.state": {"ctxkit.events", "ctxkit.errors", "ctxkit.edits", "ctxkit.content"}}
     for name, ok in allowed.items():
         assert reachable(graph, name) <= ok, f"{name} reaches {sorted(reachable(graph, name) - ok)}"
 
