@@ -33,6 +33,7 @@ import secrets
 import threading
 import time
 import uuid
+import weakref
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
@@ -40,7 +41,7 @@ import orjson
 
 from ctxkit.conversation import export_conversation, export_messages, import_conversation, load_conversation
 from ctxkit.errors import ConfigError, LogFormatError
-from ctxkit.events import EVENT_TYPES, SCHEMA_VERSION, Event, event_from_dict, event_id, event_to_dict
+from ctxkit.events import EVENT_TYPES, SCHEMA_VERSION, Event, event_from_dict, event_to_dict
 from ctxkit.logfile import (
     HEADER_KEY,
     LineProblem,
@@ -48,7 +49,9 @@ from ctxkit.logfile import (
     RepairReport,
     Scan,
     VerifyReport,
+    WriterLock,
     checked_scan,
+    check_finite,
     dumps_checked,
     canonical,
     check_line,
@@ -67,7 +70,14 @@ from ctxkit.logfile import (
 )
 
 DURABILITY_MODES: tuple[str, ...] = ("always", "batch", "none")
-"""`always`: fsync after every append. `batch`: fsync per `extend`/`flush` and at close. `none`: never."""
+"""`always`: write and fsync every append. `batch`: write every append, fsync per `extend`/`flush` and at
+close. `none`: buffer appends in memory (written at `flush`/`close`/`refresh` or every `BUFFER_BYTES`), never
+fsync unless `flush` is called. See the module docstring for what a crash loses in each."""
+
+BUFFER_BYTES = 1 << 20
+"""Durability `none` writes its buffered lines once they reach this many bytes."""
+
+_HOLDERS: dict[str, "weakref.ref[EventLog]"] = {}  # lock file -> this process's handle buffering under it
 
 _EVENT_CLASSES = tuple(EVENT_TYPES.values())
 __all__ = ["DURABILITY_MODES", "HEADER_KEY", "EventLog", "MemoryLog", "Problem", "RepairReport", "VerifyReport",
@@ -91,12 +101,63 @@ def stamp(events: Iterable[Event], first_seq: int, ts: float) -> list[tuple[Even
             raise ConfigError(f"event {i} ({event.kind}) already has seq={event.seq!r}, id={event.id!r}; "
                               "append events you built (seq and id None), not recorded ones")
         seq = first_seq + len(out)
-        dumps_checked(event_to_dict(event), f"event {seq} ({event.kind})")  # typed error before hashing
-        filled = dataclasses.replace(event, seq=seq, id=event_id(event, seq),
-                                     ts=event.ts if event.ts is not None else ts)
-        as_dict = event_to_dict(filled)
-        body = orjson.dumps(as_dict)  # the caller's key order (tool schemas render in that order)
-        out.append((event_from_dict(orjson.loads(body)), as_dict, body))
+        where = f"event {seq} ({event.kind})"
+        as_dict = event_dict(event)
+        timeless = dict(as_dict, seq=None, id=None, ts=None)  # what `events.event_id` hashes
+        if "timings" in timeless and event.kind == "step":
+            timeless["timings"] = {}
+        elif "duration_s" in timeless and event.kind == "tool_result":
+            timeless["duration_s"] = None
+        try:
+            digest = hashlib.sha256(canonical(timeless)).hexdigest()
+        except orjson.JSONEncodeError as exc:
+            raise ConfigError(f"{where} is not JSON-serializable: {exc}") from None
+        as_dict["seq"], as_dict["id"] = seq, f"e{seq}-{digest[:8]}"
+        if as_dict["ts"] is None:
+            as_dict["ts"] = ts
+        try:
+            body = orjson.dumps(as_dict)  # the caller's key order (tool schemas render in that order)
+        except orjson.JSONEncodeError as exc:
+            raise ConfigError(f"{where} is not JSON-serializable: {exc}") from None
+        loaded = orjson.loads(body)
+        if loaded != as_dict:  # orjson writes NaN/inf as null: the round trip differs (or tuples became lists)
+            check_finite(as_dict, where)
+        out.append((recorded_copy(event, loaded), as_dict, body))
+    return out
+
+
+def recorded_copy(event: Event, loaded: dict[str, Any]) -> Event:
+    """`events.event_from_dict(loaded)`, where `loaded` is the JSON round trip of `event` filled in: the same
+    event. When no field needs converting (no non-empty list: tool calls, token ids, content parts), it is
+    built without re-running the checks `event` passed when it was made (its values equal `loaded`'s)."""
+    for key, value in loaded.items():
+        if type(value) is list:
+            if value or key == "content":
+                return event_from_dict(loaded)
+            loaded[key] = ()  # every list-valued field is a tuple field (`events.event_from_dict`)
+    if not hasattr(event, "__dict__"):  # pragma: no cover - events are plain frozen dataclasses
+        return event_from_dict(loaded)
+    copy = object.__new__(type(event))
+    copy.__dict__.update(loaded)
+    return copy
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def event_dict(event: Event) -> dict[str, Any]:
+    """`events.event_to_dict(event)`, computed faster (field names cached per class); the same dict."""
+    names = _FIELD_NAMES.get(type(event))
+    if names is None:
+        names = _FIELD_NAMES[type(event)] = tuple(f.name for f in dataclasses.fields(event))
+    out: dict[str, Any] = {}
+    for name in names:
+        value = getattr(event, name)
+        if isinstance(value, tuple):
+            if value and (name == "tool_calls" or name == "edits"):
+                return event_to_dict(event)
+            value = list(value)
+        out[name] = value
     return out
 
 
@@ -155,8 +216,6 @@ class EventLog:
 
     def __init__(self, path: Path, header: dict[str, Any], scan: Scan, durability: str, repair: bool = False):
         """Use `EventLog.create` or `EventLog.open`."""
-        from filelock import FileLock
-
         self.path: Path = path
         """The log file."""
         self.durability: str = durability
@@ -166,9 +225,12 @@ class EventLog:
         self._cache: tuple[Event, ...] | None = None
         self._last_hash: str = scan.last_hash  # type: ignore[assignment]
         self._offset = scan.good_len
-        self._lock = FileLock(str(path) + ".lock")
+        self._lock = WriterLock(path)
         self._mutex = threading.RLock()
         self._repair = repair
+        self._buffer: list[bytes] = []  # durability "none": lines written at flush/close/refresh (lock held)
+        self._buffered = 0
+        self._unbuffered: tuple[int, str] = (len(self._events), self._last_hash)
         self._fd: int | None = os.open(path, os.O_RDWR | os.O_APPEND)
 
     @staticmethod
@@ -267,12 +329,16 @@ class EventLog:
         """Read events other processes appended since our last read; returns all events."""
         self._check_open()
         with self._mutex:
+            self._write_buffer()
             if self._sync_tail(torn_ok=True):  # a line in flight, or a crashed writer's torn line
                 with read_lock(self.path):
                     torn = self._sync_tail(torn_ok=True)
                 if torn:  # no writer mid-line: raise it, or repair it (a write, under the writers' lock)
-                    with self._lock:
+                    self._acquire()
+                    try:
                         self._sync_tail()
+                    finally:
+                        self._lock.release()
         return self.events()
 
     # ------------------------------------------------------------------ writing
@@ -282,28 +348,40 @@ class EventLog:
         return self._write([event], sync=self.durability == "always")[0]
 
     def extend(self, events: Iterable[Event]) -> list[Event]:
-        """Append several events in one write (and one fsync unless durability is `none`)."""
+        """Append several events in one write, never split by another writer (and one fsync in `always` and
+        `batch` modes)."""
         events = list(events)
         if not events:
             return []
         return self._write(events, sync=self.durability != "none")
 
     def flush(self) -> None:
-        """fsync the log now."""
-        self._check_open()
-        os.fsync(self._fd)  # type: ignore[arg-type]
+        """Write any buffered events (durability `none`) and fsync the log now, in every mode."""
+        with self._mutex:
+            self._check_open()
+            self._write_buffer()
+            os.fsync(self._fd)  # type: ignore[arg-type]
 
     def close(self) -> None:
-        """Close the log (fsync first in `always`/`batch` mode). Closing twice is fine."""
+        """Close the log: write any buffered events, fsync in `always`/`batch` mode, close the lock file's
+        descriptor. Closing twice is fine."""
         with self._mutex:
             if self._fd is None:
                 return
             try:
+                self._write_buffer()
                 if self.durability != "none":
                     os.fsync(self._fd)
             finally:
                 os.close(self._fd)
                 self._fd = None
+                self._lock.close()
+
+    def __del__(self) -> None:
+        try:  # like an io.BufferedWriter: a log dropped without close still writes what it buffered
+            self.close()
+        except Exception:
+            pass
 
     def __enter__(self) -> "EventLog":
         return self
@@ -318,27 +396,78 @@ class EventLog:
         if self._fd is None:
             raise ConfigError(f"{self.path}: the log is closed")
 
+    def _acquire(self) -> None:
+        """Take the writers' lock. A handle of this process holding it with buffered lines is made to write
+        them and let go (it would otherwise wait for us forever); another process's writer is waited for."""
+        if self._lock.acquire(blocking=False):
+            return
+        holder = _HOLDERS.get(str(self._lock.path))
+        holder = holder() if holder is not None else None
+        if holder is not None and holder is not self:
+            holder._write_buffer()
+        self._lock.acquire()
+
     def _write(self, events: list[Event], *, sync: bool) -> list[Event]:
-        self._check_open()
-        with self._mutex, self._lock:
-            self._sync_tail()
-            prev, lines, recorded = self._last_hash, [], []
-            for event, as_dict, body in stamp(events, len(self._events), time.time()):
-                # The line keeps the caller's key order (tool schemas render in that order); the hash is over
-                # the sorted canonical form, so verification does not depend on it.
-                digest = line_hash(prev, canonical(as_dict))
-                lines.append(body[:-1] + b',"prev":"' + prev.encode() + b'","hash":"' + digest.encode() + b'"}\n')
-                recorded.append(event)
-                prev = digest
-            payload = b"".join(lines)
-            self._write_all(payload)
-            if sync:
-                os.fsync(self._fd)  # type: ignore[arg-type]
-            self._offset += len(payload)
-            self._events.extend(recorded)
-            self._last_hash = prev
-            self._cache = None
+        with self._mutex:
+            self._check_open()
+            held = bool(self._buffer)  # a buffer is only ever pending under the lock, with the tail read
+            if not held:
+                self._acquire()
+            try:
+                if not held:
+                    self._sync_tail()
+                prev, lines, recorded = self._last_hash, [], []
+                for event, as_dict, body in stamp(events, len(self._events), time.time()):
+                    # The line keeps the caller's key order (tool schemas render in that order); the hash is
+                    # over the sorted canonical form, so verification does not depend on it.
+                    digest = line_hash(prev, canonical(as_dict))
+                    lines.append(b"".join((body[:-1], b',"prev":"', prev.encode(), b'","hash":"', digest.encode(),
+                                           b'"}\n')))
+                    recorded.append(event)
+                    prev = digest
+                payload = b"".join(lines)
+                if self.durability == "none":
+                    if not self._buffer:
+                        self._unbuffered = (len(self._events), self._last_hash)
+                        _HOLDERS[str(self._lock.path)] = weakref.ref(self)
+                    self._buffer.append(payload)
+                    self._buffered += len(payload)
+                else:
+                    self._write_all(payload)
+                    if sync:
+                        os.fsync(self._fd)  # type: ignore[arg-type]
+                    self._offset += len(payload)
+                self._events.extend(recorded)
+                self._last_hash = prev
+                self._cache = None
+            finally:
+                if not self._buffer:
+                    self._lock.release()
+            if self._buffered >= BUFFER_BYTES:
+                self._write_buffer()
         return recorded
+
+    def _write_buffer(self) -> None:
+        """Write the buffered lines (durability `none`) in one write and release the lock held since the
+        first of them. If the write fails, the buffered events are dropped from this handle too."""
+        with self._mutex:
+            if not self._buffer:
+                return
+            payload = b"".join(self._buffer)
+            self._buffer, self._buffered = [], 0
+            key = str(self._lock.path)
+            if key in _HOLDERS and _HOLDERS[key]() is self:
+                del _HOLDERS[key]
+            try:
+                self._write_all(payload)
+                self._offset += len(payload)
+            except BaseException:
+                n, self._last_hash = self._unbuffered
+                del self._events[n:]
+                self._cache = None
+                raise
+            finally:
+                self._lock.release()
 
     def _write_all(self, payload: bytes) -> None:
         start = self._offset

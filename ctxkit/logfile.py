@@ -8,7 +8,8 @@ the chain at that line. A crash mid-append can leave only a torn last line (`Eve
 with one `write` on an O_APPEND descriptor); `repair` removes it, keeping the removed bytes in a `.torn`
 side file, or completes it when only its newline is missing.
 
-Locks. Only writers lock: an append or a repair holds `filelock.FileLock(<log>.lock)` (`write_lock`).
+Locks. Only writers lock: an append or a repair holds an exclusive `flock` on `<log>.lock` (`WriterLock`;
+an `EventLog` opens that file at its first write and keeps the descriptor).
 Readers (`read_events`, `verify`, a `repair` with nothing to repair) never create that file, so reading a
 log leaves its folder as it was; a reader that finds a tail without a newline waits on the existing lock
 file, if any, with a shared `flock` (`read_lock`) and reads again, so a line in flight is not reported torn.
@@ -264,14 +265,66 @@ def lock_path(path: Path) -> Path:
     return Path(str(path) + ".lock")
 
 
+class WriterLock:
+    """The writers' exclusive lock on a log: an `fcntl.flock` on `<log>.lock`, whose descriptor is opened at the
+    first `acquire` (creating the file) and kept until `close`, so taking and releasing it costs one system
+    call each. `filelock.FileLock` on the same file is the fallback where `fcntl` is missing (and the two
+    exclude each other on POSIX, where filelock uses `flock` too). A killed process releases it."""
+
+    def __init__(self, path: Path) -> None:
+        """The lock of the log at `path` (nothing is opened or created yet)."""
+        self.path: Path = lock_path(path)
+        """The lock file."""
+        self._fd: int | None = None
+        self._fallback = None
+
+    def acquire(self, *, blocking: bool = True) -> bool:
+        """Take the lock; with `blocking=False` return False at once when another descriptor holds it."""
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - not POSIX
+            from filelock import FileLock, Timeout
+
+            self._fallback = self._fallback or FileLock(str(self.path))
+            try:
+                self._fallback.acquire(timeout=-1 if blocking else 0)
+            except Timeout:
+                return False
+            return True
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX if blocking else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+
+    def release(self) -> None:
+        """Release the lock (the descriptor stays open for the next `acquire`)."""
+        if self._fallback is not None:  # pragma: no cover - not POSIX
+            self._fallback.release()
+        elif self._fd is not None:
+            import fcntl
+
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        """Close the descriptor (which releases the lock if held). Closing twice is fine."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
 @contextmanager
 def write_lock(path: Path):
-    """Hold the log's exclusive writer lock (creating `<log>.lock` if needed). Only writers take it:
-    appends, and repairs of a torn tail."""
-    from filelock import FileLock
-
-    with FileLock(str(lock_path(path))):
+    """Hold the log's exclusive writer lock (creating `<log>.lock` if needed) for one operation (a repair)."""
+    lock = WriterLock(path)
+    lock.acquire()
+    try:
         yield
+    finally:
+        lock.release()
+        lock.close()
 
 
 @contextmanager
