@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Install ctxkit (CPU torch, no CUDA wheels) into .venv and run the main job: the quickstart A/B
-# compression ablation into runs/quick. Extra arguments go to `ctxkit ablate`.
+# Install ctxkit with what the quickstart needs (the `quickstart` extra: MiniLM + faiss, matplotlib; CPU
+# torch, no CUDA wheels, nothing compiled) into .venv and run the main job: the quickstart A/B compression
+# ablation into runs/quick. Extra arguments go to `ctxkit ablate`.
 # CTXKIT_SKIP_INSTALL=1 skips creating .venv and installing (the `ctxkit` already on PATH runs the job);
 # tests/test_readme.py uses it to run this script as the README writes it.
 set -euo pipefail
@@ -8,7 +9,7 @@ cd "$(dirname "$0")/.."
 if [ "${CTXKIT_SKIP_INSTALL:-0}" != "1" ]; then
     python3 -m venv .venv
     . .venv/bin/activate
-    pip install -q torch==2.13.0 -e '.[all]'
+    pip install -q --prefer-binary torch==2.13.0 -e '.[quickstart]'
 fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 ctxkit ablate experiments/quickstart.toml --out runs/quick "$@"
