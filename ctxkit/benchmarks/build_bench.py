@@ -1,121 +1,175 @@
-"""`ctxkit bench build`: per-turn context building with compressors vs LangChain trim + apply_chat_template.
+"""`ctxkit bench build`: whole-episode context building with compressors vs LangChain trim + apply_chat_template.
 
-The episode is the render benchmark's (`render_bench.build_episode`: per turn an assistant tool call and
-a ~300-word tool output; ~70k tokens at 200 turns), recorded as events (assistant turns as `Step`s with
-their token ids). One context is built before every assistant turn, at a fixed budget, for each ctxkit
-compressor, and, in the same run, with LangChain's `trim_messages(strategy="last", include_system=True,
-token_counter=<per-message token count over the same tokenizer, cached>, max_tokens=budget)` followed by
-`apply_chat_template(tokenize=True, add_generation_prompt=True)`. Reported: per-turn medians, ratios,
-and whether every context is within the budget in tokens of the final render (ctxkit checks this at
-every build; LangChain's token counter sees message text only, so its renders may not be).
+The workload (`ctxkit.benchmarks.workload`) is the render benchmark's synthetic episode (per turn an
+assistant tool call and a ~300-word tool output; ~70k tokens at 200 turns) or any conversation or imported
+trajectory (`--episode`). One context is built before every assistant turn (each decision point), at a fixed
+budget, for each ctxkit compressor (a `ContextBuilder` over a `MemoryLog`, pins on), and in the same run
+with LangChain's `trim_messages(strategy="last", include_system=True, token_counter=<per-message token count
+over the same tokenizer, cached>, max_tokens=budget)` followed by `apply_chat_template(tokenize=True,
+add_generation_prompt=True)`; plus encoding only each decision's new text (the physical-limit reference).
+
+Reported per arm: the whole-episode total, p50/p90/p99/max per build (each decision's median over the
+repeats), compactions, the total's ratio against LangChain and against encode-only, whether every ctxkit
+context is within the budget in real tokens and equals a from-scratch render of its view (ids identical),
+and LangChain's over-budget and orphaned-tool-message counts. Model-backed arms (`MODEL_BACKED`) are
+reported separately: their first pass includes loading the model, so `first_pass_s` is shown too.
 
 Layer L4 (experiment): imports the library layers below it, never the CLI.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import statistics
-import sys
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Callable
+
+from ctxkit.benchmarks.workload import Timing, Workload, encode_only_times, new_text_deltas, summarize_times
 
 DEFAULT_COMPRESSORS = ("window", "mask-observations")
+LANGCHAIN = "langchain trim_messages + apply_chat_template"
+ENCODE_ONLY = "encode only the new text"
+MODEL_BACKED = frozenset({"summarize", "summarize-v2", "summarize-then-window", "retrieve"})
+"""Arms that load a model (embedder/summarizer): slow, timed and reported apart from the others."""
 
 
 @dataclass(frozen=True)
 class ArmResult:
-    """Figures for one arm (a ctxkit compressor, or the LangChain baseline)."""
+    """Figures for one arm (a ctxkit compressor, LangChain, or the encode-only reference)."""
 
     name: str
-    """Compressor spec name, or `langchain trim_messages + apply_chat_template`."""
-    median_ms: float
-    """Median per-turn build time (median over repeats of the per-turn median)."""
-    p90_ms: float
-    """90th percentile per-turn time (first repeat)."""
-    total_s: float
-    """Median total time of one pass over the episode."""
-    max_tokens: int
-    """Largest context (tokens of the final render)."""
-    final_tokens: int
-    """Tokens of the last context."""
-    over_budget: int
-    """Turns whose context exceeded the budget."""
-    orphans: int
-    """Turns whose context holds an orphaned tool message."""
+    """Compressor spec name, `LANGCHAIN` or `ENCODE_ONLY`."""
+    kind: str
+    """`ctxkit`, `ctxkit-model` (model-backed), `peer` or `reference`."""
+    timing: Timing
+    """Whole-episode total and per-build percentiles."""
+    vs_peer: float | None
+    """LangChain's total / this arm's total (> 1: faster than LangChain)."""
+    vs_encode_only: float | None
+    """This arm's total / encode-only's total (the target is <= 3)."""
+    first_pass_s: float = 0.0
+    """Total of the first repeat (includes any model load)."""
     compactions: int = 0
-    """Compaction events recorded (ctxkit arms)."""
-    pin_kept: bool = True
-    """The user's constraint is verbatim in every context."""
+    """Compaction events recorded over the episode (ctxkit arms)."""
+    max_tokens: int = 0
+    """Largest context (tokens of the final render)."""
+    over_budget: int = 0
+    """Builds whose context exceeded the budget."""
+    orphans: int = 0
+    """Builds whose context holds an orphaned tool message (LangChain: trimmed to start on a tool result)."""
+    pins_missing: int = 0
+    """Builds whose context lacks a constraint ctxkit pinned (LangChain; ctxkit checks pins at every build)."""
+    ids_identical: bool | None = None
+    """ctxkit: every built context's ids equal a from-scratch render of its view."""
+    error: str | None = None
+    """Why the arm stopped before the last decision (e.g. a one-thing `-v2` strategy's BudgetError)."""
 
 
 @dataclass(frozen=True)
 class BuildBenchResult:
-    """One `bench build` run."""
+    """One `bench build` run over one workload."""
 
     tokenizer: str
     template: str
-    turns: int
+    episode: str
+    """The workload's name (`synthetic:<turns>` or `<file>#<entry>`)."""
+    decisions: int
+    """Decision points (assistant turns): one build per arm at each."""
     budget: int
+    budget_note: str
+    """How the budget was chosen (given, or a fraction of the episode, raised to fit)."""
     repeats: int
     episode_tokens: int
-    """Tokens of the full, uncompressed episode (final render)."""
+    """Tokens of the full, uncompressed episode."""
     arms: list[ArmResult] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict."""
         return asdict(self)
 
-
-def episode_events(turns: int, tok, tpl, seed: int = 0):
-    """The render benchmark's episode as events (tool-call arguments as JSON text, steps with token ids)."""
-    from ctxkit.benchmarks.render_bench import build_episode
-    from ctxkit.events import EpisodeStart, Message, Step, ToolCall, ToolResult
-    from ctxkit.rendering import encode_assistant_turn
-
-    head, steps, tools = build_episode(turns, seed)
-    events: list = [EpisodeStart(episode_id="bench-build", tools=tuple(tools))]
-    events += [Message(role=m["role"], content=m["content"]) for m in head]
-    per_turn = []
-    for assistant, result in steps:
-        calls = tuple(ToolCall(id=c["id"], name=c["function"]["name"], arguments=json.dumps(c["function"]["arguments"]))
-                      for c in assistant["tool_calls"])
-        msg = {"role": "assistant", "content": assistant["content"], "tool_calls": [c.to_openai() for c in calls]}
-        ids = encode_assistant_turn(msg, tok, tpl, tools)
-        per_turn.append([Step(token_ids=ids, content=assistant["content"], tool_calls=calls),
-                         ToolResult(tool_call_id=result["tool_call_id"], content=result["content"])])
-    return events, per_turn, list(tools)
+    @property
+    def ok(self) -> bool:
+        """Every ctxkit arm that finished kept every context within budget with ids identical to a full render."""
+        return all(a.over_budget == 0 and a.ids_identical is not False and a.orphans == 0
+                   for a in self.arms if a.kind.startswith("ctxkit"))
 
 
-def _ctxkit_pass(tok, tpl, name, budget, head, per_turn, constraint, check: bool):
+def _ctxkit_pass(tok, tpl, name, budget, wl: Workload, check: bool):
+    """One pass: build before every turn. Returns (times, sizes, compactions, ids_ok, pins, error)."""
     from ctxkit.builder import ContextBuilder
-    from ctxkit.events import Compaction
+    from ctxkit.errors import BudgetError
+    from ctxkit.events import Compaction, Pin
     from ctxkit.log import MemoryLog
-    from ctxkit.view import find_orphans
+    from ctxkit.rendering import render
 
     builder = ContextBuilder(tok, tpl, name, budget)
     log = MemoryLog()
-    log.extend(head)
-    times, sizes, orphans, pin_ok, compactions = [], [], 0, True, 0
-    for turn in per_turn:
+    log.extend(wl.head)
+    times, sizes, ids_ok, error = [], [], True, None
+    for turn in wl.turns:
         t0 = time.perf_counter()
-        ctx = builder.build(log)
+        try:
+            ctx = builder.build(log)
+        except BudgetError as exc:
+            error = f"BudgetError at decision {len(times) + 1}/{len(wl.turns)}: {exc}"
+            break
         times.append(time.perf_counter() - t0)
         sizes.append(ctx.n_tokens)
         if check:
-            orphans += bool(find_orphans(ctx.view.messages))
-            pin_ok = pin_ok and constraint in tok.decode(ctx.token_ids)
+            full = render([m.to_chat() for m in ctx.view.messages], tok, tpl, tools=list(ctx.view.tools) or None,
+                          add_generation_prompt=True, special_tokens=builder.special_tokens)
+            ids_ok = ids_ok and tuple(full.token_ids) == tuple(ctx.token_ids)
         log.extend(turn)
-    compactions = sum(isinstance(e, Compaction) for e in log.events())
-    return times, sizes, orphans, pin_ok, compactions, builder.compressor.spec.name
+    events = log.events()
+    compactions = sum(isinstance(e, Compaction) for e in events)
+    pins = tuple(e.text for e in events if isinstance(e, Pin))
+    return times, sizes, compactions, ids_ok, pins, error, builder.compressor.spec.name
 
 
-def _langchain_pass(tok, tpl, budget, lc_head, lc_turns, tools, constraint, check: bool):
+def fits_with(tok, tpl, name: str, wl: Workload) -> Callable[[int], None]:
+    """A callable that builds every decision of `wl` with compressor `name` at a budget (raising `BudgetError`
+    when one does not fit): `workload.budget_from_fraction`'s fit test."""
+    from ctxkit.builder import ContextBuilder
+    from ctxkit.log import MemoryLog
+
+    def fits(budget: int) -> None:
+        builder = ContextBuilder(tok, tpl, name, budget)
+        log = MemoryLog()
+        log.extend(wl.head)
+        for turn in wl.turns:
+            builder.build(log)
+            log.extend(turn)
+    return fits
+
+
+def _to_lc(chat: dict):
+    from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
+
+    role, content = chat["role"], chat.get("content") or ""
+    if role == "system":
+        return SystemMessage(content=content)
+    if role == "tool":
+        return ToolMessage(content=content, tool_call_id=chat.get("tool_call_id") or "")
+    if role == "assistant":
+        calls = []
+        for c in chat.get("tool_calls") or ():
+            args = c["function"]["arguments"]
+            if isinstance(args, str):
+                try:
+                    args = json.loads(args)
+                except ValueError:
+                    args = {"arguments": args}
+            if not isinstance(args, dict):
+                args = {"arguments": args}
+            calls.append({"name": c["function"]["name"], "args": args, "id": c.get("id") or "", "type": "tool_call"})
+        return AIMessage(content=content, tool_calls=calls)
+    return HumanMessage(content=content)
+
+
+def _langchain_pass(tok, tpl, budget, wl: Workload, pins, check: bool):
     from functools import lru_cache
 
-    from langchain_core.messages import ToolMessage, convert_to_openai_messages, trim_messages
+    from langchain_core.messages import SystemMessage, ToolMessage, convert_to_openai_messages, trim_messages
 
     backend = tok.hf.backend_tokenizer
 
@@ -131,8 +185,10 @@ def _langchain_pass(tok, tpl, budget, lc_head, lc_turns, tools, constraint, chec
                 n += count_text(tc["name"]) + count_text(json.dumps(tc["args"]))
         return n
 
-    msgs = list(lc_head)
-    times, sizes, orphans, pin_ok = [], [], 0, True
+    msgs = [_to_lc(c) for c in wl.chats(wl.head)]
+    lc_turns = [[_to_lc(c) for c in wl.chats(t)] for t in wl.turns]
+    tools = wl.tools_or_none
+    times, sizes, orphans, missing = [], [], 0, 0
     for turn in lc_turns:
         t0 = time.perf_counter()
         trimmed = trim_messages(msgs, max_tokens=budget, strategy="last", include_system=True,
@@ -143,28 +199,13 @@ def _langchain_pass(tok, tpl, budget, lc_head, lc_turns, tools, constraint, chec
         times.append(time.perf_counter() - t0)
         sizes.append(len(ids))
         if check:
-            first = next((m for m in trimmed[1:]), None)
-            orphans += isinstance(first, ToolMessage)
-            pin_ok = pin_ok and constraint in tok.decode(ids)
+            rest = trimmed[1:] if trimmed and isinstance(trimmed[0], SystemMessage) else trimmed
+            orphans += bool(rest) and isinstance(rest[0], ToolMessage)
+            if pins:
+                text = tok.decode(ids)
+                missing += any(p not in text for p in pins)
         msgs.extend(turn)
-    return times, sizes, orphans, pin_ok
-
-
-def _lc_messages(head, per_turn):
-    from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
-
-    from ctxkit.events import content_text
-
-    lc_head = []
-    for e in head[1:]:
-        cls = SystemMessage if e.role == "system" else HumanMessage
-        lc_head.append(cls(content=content_text(e.content)))
-    lc_turns = []
-    for step, result in per_turn:
-        calls = [{"name": c.name, "args": json.loads(c.arguments_text()), "id": c.id, "type": "tool_call"} for c in step.tool_calls]
-        lc_turns.append([AIMessage(content=content_text(step.content), tool_calls=calls),
-                         ToolMessage(content=content_text(result.content), tool_call_id=result.tool_call_id)])
-    return lc_head, lc_turns
+    return times, sizes, orphans, missing
 
 
 def require_langchain() -> None:
@@ -178,105 +219,76 @@ def require_langchain() -> None:
         raise MissingExtraError("langchain-core", "test", "ctxkit bench build (its LangChain baseline arm)") from exc
 
 
+def run_workload(tok, tpl, wl: Workload, *, budget: int, budget_note: str = "", compressors=DEFAULT_COMPRESSORS,
+                 repeats: int = 3, progress=None) -> BuildBenchResult:
+    """Run every arm over one workload at `budget` (see the module docstring)."""
+    from ctxkit.errors import ConfigError
+
+    require_langchain()
+    if tok.hf is None:
+        raise ConfigError(f"bench build compares against transformers; --tokenizer must be a Hugging Face tokenizer, got {tok.id}")
+    if repeats < 1 or budget < 1:
+        raise ConfigError(f"bench build: repeats and budget must be at least 1 (got {repeats}, {budget})")
+    say = progress or (lambda msg: None)
+    raw: list[tuple] = []  # (name, kind, per-repeat times, extra dict)
+    pins: tuple[str, ...] = ()
+    for name in compressors:
+        reps, extra = [], {}
+        for rep in range(repeats):
+            times, sizes, compactions, ids_ok, found, error, spec = _ctxkit_pass(tok, tpl, name, budget, wl, rep == 0)
+            reps.append(times)
+            if rep == 0:
+                pins = pins or found
+                extra = dict(compactions=compactions, max_tokens=max(sizes, default=0),
+                             over_budget=sum(s > budget for s in sizes), ids_identical=ids_ok, error=error)
+            say(f"{spec}: repeat {rep + 1}/{repeats}: {sum(times):.2f}s" + (f" ({error})" if error else ""))
+            if error:
+                break  # the same build fails every time
+        kind = "ctxkit-model" if name.split("-v")[0] in MODEL_BACKED or name in MODEL_BACKED else "ctxkit"
+        raw.append((spec, kind, reps, extra))
+    reps = []
+    for rep in range(repeats):
+        times, sizes, orphans, missing = _langchain_pass(tok, tpl, budget, wl, pins, rep == 0)
+        reps.append(times)
+        if rep == 0:
+            lc_extra = dict(max_tokens=max(sizes, default=0), over_budget=sum(s > budget for s in sizes),
+                            orphans=orphans, pins_missing=missing)
+        say(f"langchain: repeat {rep + 1}/{repeats}: {sum(times):.2f}s")
+    raw.append((LANGCHAIN, "peer", reps, lc_extra))
+    deltas = new_text_deltas(wl, tpl)
+    raw.append((ENCODE_ONLY, "reference", [encode_only_times(tok, deltas) for _ in range(repeats)], {}))
+    timings = {name: summarize_times(reps) for name, _, reps, _ in raw}
+    peer, ref = timings[LANGCHAIN].total_s, timings[ENCODE_ONLY].total_s
+    arms = []
+    for name, kind, reps, extra in raw:
+        t = timings[name]
+        complete = extra.get("error") is None
+        arms.append(ArmResult(name=name, kind=kind, timing=t,
+                              vs_peer=peer / t.total_s if t.total_s and complete else None,
+                              vs_encode_only=t.total_s / ref if ref and complete else None,
+                              first_pass_s=sum(reps[0]), **extra))
+    return BuildBenchResult(tokenizer=tok.id, template=tpl.id, episode=wl.name, decisions=len(wl.turns),
+                            budget=budget, budget_note=budget_note or "given", repeats=repeats,
+                            episode_tokens=wl.full_tokens, arms=arms)
+
+
 def run(tokenizer_spec: str, *, turns: int = 200, budget: int = 16_000, compressors=DEFAULT_COMPRESSORS,
         repeats: int = 3, progress=None) -> BuildBenchResult:
-    """Run the benchmark (see the module docstring)."""
-    from ctxkit.compress import compressor_class
-    from ctxkit.errors import ConfigError
-    from ctxkit.rendering import render
+    """The synthetic episode of `turns` turns at a fixed `budget` (the default `bench build`)."""
+    from ctxkit.benchmarks.workload import synthetic_workload
     from ctxkit.templates import load_template
     from ctxkit.tokenizers import load_tokenizer
 
-    require_langchain()
-    compressors = tuple(compressors)
-    if not compressors:
-        raise ConfigError("bench build: no compressor given; name at least one (see `ctxkit compressors`)")
-    for name in compressors:
-        compressor_class(name)  # an unknown name fails here, before the episode is built
-    if turns < 1 or repeats < 1 or budget < 1:
-        raise ConfigError(f"bench build: turns, repeats and budget must be at least 1 (got {turns}, {repeats}, {budget})")
     tok = load_tokenizer(tokenizer_spec)
-    if tok.hf is None:
-        raise ConfigError(f"bench build compares against transformers; --tokenizer must be a Hugging Face tokenizer, got {tok.id}")
     tpl = load_template(None, tok)
-    head, per_turn, tools = episode_events(turns, tok, tpl)
-    constraint = "Do not modify the original config file."
-    full = [m for e in head[1:] for m in [{"role": e.role, "content": e.content}]]
-    for step, result in per_turn:
-        full.append({"role": "assistant", "content": step.content, "tool_calls": [c.to_openai() for c in step.tool_calls]})
-        full.append({"role": "tool", "tool_call_id": result.tool_call_id, "content": result.content})
-    episode_tokens = len(render(full, tok, tpl, tools=tools, add_generation_prompt=True).token_ids)
-    lc_head, lc_turns = _lc_messages(head, per_turn)
-    arms = []
-    for name in compressors:
-        totals, medians, first = [], [], None
-        for rep in range(repeats):
-            times, sizes, orphans, pin_ok, compactions, spec = _ctxkit_pass(tok, tpl, name, budget, head, per_turn,
-                                                                             constraint, check=rep == 0)
-            totals.append(sum(times))
-            medians.append(statistics.median(times))
-            if rep == 0:
-                first = (times, sizes, orphans, pin_ok, compactions)
-            if progress:
-                progress(f"{spec}: repeat {rep + 1}/{repeats}: {sum(times):.2f}s")
-        times, sizes, orphans, pin_ok, compactions = first
-        arms.append(ArmResult(spec, 1000 * statistics.median(medians), 1000 * _p90(times), statistics.median(totals),
-                              max(sizes), sizes[-1], sum(s > budget for s in sizes), orphans, compactions, pin_ok))
-    totals, medians, first = [], [], None
-    for rep in range(repeats):
-        times, sizes, orphans, pin_ok = _langchain_pass(tok, tpl, budget, lc_head, lc_turns, tools, constraint, rep == 0)
-        totals.append(sum(times))
-        medians.append(statistics.median(times))
-        if rep == 0:
-            first = (times, sizes, orphans, pin_ok)
-        if progress:
-            progress(f"langchain: repeat {rep + 1}/{repeats}: {sum(times):.2f}s")
-    times, sizes, orphans, pin_ok = first
-    arms.append(ArmResult("langchain trim_messages + apply_chat_template", 1000 * statistics.median(medians),
-                          1000 * _p90(times), statistics.median(totals), max(sizes), sizes[-1],
-                          sum(s > budget for s in sizes), orphans, 0, pin_ok))
-    return BuildBenchResult(tokenizer=tok.id, template=tpl.id, turns=turns, budget=budget, repeats=repeats,
-                            episode_tokens=episode_tokens, arms=arms)
+    return run_workload(tok, tpl, synthetic_workload(turns, tok, tpl), budget=budget, compressors=compressors,
+                        repeats=repeats, progress=progress)
 
 
-def _p90(xs):
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(0.9 * len(s)))]
+def episode_events(turns: int, tok, tpl, seed: int = 0):
+    """The synthetic episode as `(head events, per-turn event lists, tools)` (each turn: its `Step` and
+    tool result), for tests and scripts that drive a builder themselves."""
+    from ctxkit.benchmarks.workload import synthetic_workload
 
-
-def main(args: argparse.Namespace) -> int:
-    """Entry point of `ctxkit bench build` (options: --turns, --budget, --tokenizer, --compressors, --repeats, --json)."""
-    import orjson
-
-    from ctxkit.errors import ConfigError
-    from ctxkit.tokenizers import shared_dir
-
-    if args.turns < 1 or args.repeats < 1 or args.budget < 1:
-        raise ConfigError("--turns, --repeats and --budget must be at least 1")
-    spec = args.tokenizer or str(shared_dir() / "tokenizers" / "qwen2.5-instruct")
-    names = DEFAULT_COMPRESSORS
-    if args.compressors is not None:
-        names = tuple(n.strip() for n in args.compressors.split(",") if n.strip())
-        if not names:
-            raise ConfigError(f"--compressors {args.compressors!r}: no compressor named; give comma-separated "
-                              "names (see `ctxkit compressors`)")
-    progress = None
-    if not args.json:
-        progress = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
-    result = run(spec, turns=args.turns, budget=args.budget, compressors=names, repeats=args.repeats, progress=progress)
-    ok = all(a.over_budget == 0 and a.orphans == 0 and a.pin_kept for a in result.arms if not a.name.startswith("langchain"))
-    if args.json:
-        sys.stdout.write(orjson.dumps(result.to_dict(), option=orjson.OPT_INDENT_2).decode() + "\n")
-        return 0 if ok else 1
-    base = next(a for a in result.arms if a.name.startswith("langchain"))
-    print(f"bench build: {result.turns} turns, budget {result.budget}, full episode {result.episode_tokens} tokens, "
-          f"median of {result.repeats} repeats; tokenizer {result.tokenizer}, template {result.template}")
-    print(f"{'arm':<48} {'median ms/turn':>14} {'p90 ms':>8} {'total s':>8} {'x faster':>9} {'max tok':>8} "
-          f"{'over budget':>11} {'orphans':>8} {'pin kept':>8}")
-    for a in result.arms:
-        speed = base.median_ms / a.median_ms if a.median_ms else float("inf")
-        print(f"{a.name:<48} {a.median_ms:>14.3f} {a.p90_ms:>8.2f} {a.total_s:>8.2f} {speed:>8.1f}x {a.max_tokens:>8} "
-              f"{a.over_budget:>11} {a.orphans:>8} {'yes' if a.pin_kept else 'NO':>8}")
-    print("ctxkit contexts within budget (tokens of the final render): " + ("yes, every turn" if ok else "NO"))
-    print(f"langchain contexts within budget: {'yes' if base.over_budget == 0 else f'no, {base.over_budget} turns over'}")
-    return 0 if ok else 1
+    wl = synthetic_workload(turns, tok, tpl, seed)
+    return list(wl.head), [list(t) for t in wl.turns], [dict(t) for t in wl.tools]

@@ -1,83 +1,53 @@
 """`ctxkit bench render`: incremental rendering vs re-rendering with `apply_chat_template` every turn.
 
-Builds a long agent episode turn by turn (assistant tool call, ~300-word tool output) and times, in
-the same run: ctxkit's `IncrementalRenderer` (append + render with the generation prompt at every
-turn), `apply_chat_template(tokenize=True)` on the whole history at every turn, and encoding only the
-new text of each turn (a lower bound). Ids are compared at every turn.
+Replays an episode turn by turn: the synthetic one built here (assistant tool call, ~300-word tool
+output per turn) or any conversation or imported trajectory (`workload.episode_workloads`). After each
+turn is appended it times, per turn and in the same run: ctxkit's `IncrementalRenderer` (append + render
+with the generation prompt; special-token text allowed, as `apply_chat_template` does),
+`apply_chat_template(tokenize=True)` on the whole history, and encoding only the new text (the physical
+limit). Reported per arm: the whole-episode total, p50/p90/p99/max per turn, and the total's ratio
+against apply_chat_template and against encode-only; ids are compared at every turn.
 
 Layer L4 (experiment): imports the library layers below it, never the CLI.
 """
 
 from __future__ import annotations
 
-import random
-import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-_WORDS = (
-    "build test error warning file module function class return value passed failed assert config path "
-    "directory import package version cache token context budget summary result output input stream "
-    "request response latency memory thread process signal handler timeout retry backoff queue worker"
-).split()
+from ctxkit.benchmarks.synthetic_episode import TOOLS, build_episode  # noqa: F401  (their home; kept importable here)
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "run_shell",
-            "description": "Run a shell command in the repository and return its output.",
-            "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]},
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "read_file",
-            "description": "Read a file.",
-            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
-        },
-    },
-]
+APPLY = "apply_chat_template(tokenize=True) every turn"
+CTXKIT = "ctxkit IncrementalRenderer"
+ENCODE_ONLY = "encode only the new text"
 
 
-def build_episode(turns: int = 200, seed: int = 0) -> tuple[list[dict], list[list[dict]], list[dict]]:
-    """`(head, steps, tools)`: the opening messages, then per turn the messages it appends (an assistant
-    turn with a tool call and its ~300-word tool result)."""
-    rng = random.Random(seed)
-    head = [
-        {"role": "system", "content": "You are a coding agent. Use the tools to investigate, then answer."},
-        {"role": "user", "content": "The test suite fails intermittently. Find the cause and fix it. "
-         "Do not modify the original config file."},
-    ]
-    steps = []
-    for t in range(turns):
-        name = rng.choice(["run_shell", "read_file"])
-        args = {"cmd": f"pytest -q tests/test_{t % 17}.py -k case{t}"} if name == "run_shell" else {"path": f"src/mod_{t % 23}.py"}
-        call_id = f"call{t:05d}"
-        thought = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(5, 20))).capitalize() + "."
-        output = "\n".join(
-            " ".join(rng.choice(_WORDS) for _ in range(rng.randint(10, 16))) for _ in range(rng.randint(20, 23))
-        )
-        steps.append(
-            [
-                {"role": "assistant", "content": thought,
-                 "tool_calls": [{"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}]},
-                {"role": "tool", "tool_call_id": call_id, "content": output},
-            ]
-        )
-    return head, steps, TOOLS
+@dataclass(frozen=True)
+class RenderArm:
+    """One arm of `bench render`."""
+
+    name: str
+    """`CTXKIT`, `APPLY` or `ENCODE_ONLY`."""
+    timing: Any
+    """`workload.Timing`: whole-episode total and per-turn percentiles."""
+    vs_peer: float
+    """apply_chat_template's total / this arm's total."""
+    vs_encode_only: float
+    """This arm's total / encode-only's total."""
 
 
 @dataclass(frozen=True)
 class RenderBenchResult:
-    """Figures of one `bench render` run (seconds are medians over the repeats)."""
+    """Figures of one `bench render` run (per-turn times are medians over the repeats)."""
 
     tokenizer: str
     """Tokenizer id."""
     template: str
     """Template id."""
+    episode: str
+    """The workload's name (`synthetic:<turns>` or `<file>#<entry>`)."""
     turns: int
     """Turns in the episode (one render per turn)."""
     final_tokens: int
@@ -96,6 +66,8 @@ class RenderBenchResult:
     """ctxkit_s / encode_new_text_s."""
     ids_identical: bool
     """ctxkit's ids equal apply_chat_template's at every turn."""
+    arms: list[RenderArm] = field(default_factory=list)
+    """Per arm: total, p50/p90/p99/max per turn, ratios."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict."""
@@ -104,81 +76,83 @@ class RenderBenchResult:
 
 def run(tokenizer_spec: str, turns: int = 200, repeats: int = 3, template: str | None = None, seed: int = 0,
         progress=None) -> RenderBenchResult:
-    """Run the benchmark (see module docstring)."""
-    from ctxkit.rendering import IncrementalRenderer
+    """The synthetic episode of `turns` turns (the default `bench render`)."""
+    from ctxkit.benchmarks.workload import synthetic_workload
     from ctxkit.templates import load_template
     from ctxkit.tokenizers import load_tokenizer
 
     tok = load_tokenizer(tokenizer_spec)
     tpl = load_template(template, tok)
+    _require_hf(tok)
+    return run_workload(tok, tpl, synthetic_workload(turns, tok, tpl, seed), repeats=repeats, progress=progress)
+
+
+def _require_hf(tok) -> None:
     if tok.hf is None:
         from ctxkit.errors import ConfigError
 
         raise ConfigError(f"bench render compares against transformers; --tokenizer must be a Hugging Face tokenizer, got {tok.id}")
-    head, steps, tools = build_episode(turns, seed)
+
+
+def run_workload(tok, tpl, wl, *, repeats: int = 3, progress=None) -> RenderBenchResult:
+    """Run the three arms over one workload (see the module docstring)."""
+    from ctxkit.benchmarks.workload import encode_only_times, new_text_deltas, summarize_times
+    from ctxkit.rendering import IncrementalRenderer
+
+    _require_hf(tok)
+    head = wl.chats(wl.head)
+    steps = [wl.chats(t) for t in wl.turns]
+    tools = wl.tools_or_none
     hf = tok.hf
     chat_template = tpl.source
+    say = progress or (lambda msg: None)
 
-    def ctxkit_pass(record: list | None):
-        r = IncrementalRenderer(tok, tpl, tools)
+    def ctxkit_pass(record: list | None) -> list[float]:
+        r = IncrementalRenderer(tok, tpl, tools, special_tokens="allow")
         r.extend(head)
-        t0 = time.perf_counter()
+        times = []
         for step in steps:
+            t0 = time.perf_counter()
             r.extend(step)
             ctx = r.render(add_generation_prompt=True)
+            times.append(time.perf_counter() - t0)
             if record is not None:
-                record.append(ctx.token_ids)
-        return time.perf_counter() - t0
+                record.append(tuple(ctx.token_ids))
+        return times
 
-    def apply_pass(record: list | None):
+    def apply_pass(record: list | None) -> list[float]:
         msgs = list(head)
-        t0 = time.perf_counter()
+        times = []
         for step in steps:
+            t0 = time.perf_counter()
             msgs.extend(step)
             ids = hf.apply_chat_template(msgs, tools=tools, chat_template=chat_template, tokenize=True,
                                          add_generation_prompt=True, return_dict=False)
+            times.append(time.perf_counter() - t0)
             if record is not None:
                 record.append(tuple(ids))
-        return time.perf_counter() - t0
+        return times
 
-    # new text per turn, computed outside the timing
-    texts = []
-    msgs = list(head)
-    for step in steps:
-        msgs.extend(step)
-        texts.append(tpl.render_text(msgs, tools=tools, add_generation_prompt=True))
-    deltas = [texts[0]] + [b[len(a):] if b.startswith(a) else b for a, b in zip(texts, texts[1:])]
-
-    def encode_pass(record=None):
-        backend = hf.backend_tokenizer
-        t0 = time.perf_counter()
-        for d in deltas:
-            backend.encode(d, add_special_tokens=False)
-        return time.perf_counter() - t0
-
+    deltas = new_text_deltas(wl, tpl, after_each_turn=True)  # untimed
     ours: list = []
     theirs: list = []
-    times = {"ctxkit": [], "apply": [], "encode": []}
+    times: dict[str, list] = {CTXKIT: [], APPLY: [], ENCODE_ONLY: []}
     for rep in range(repeats):
-        times["ctxkit"].append(ctxkit_pass(ours if rep == 0 else None))
-        if progress:
-            progress(f"repeat {rep + 1}/{repeats}: ctxkit {times['ctxkit'][-1]:.2f}s")
-        times["apply"].append(apply_pass(theirs if rep == 0 else None))
-        if progress:
-            progress(f"repeat {rep + 1}/{repeats}: apply_chat_template {times['apply'][-1]:.2f}s")
-        times["encode"].append(encode_pass())
-    identical = len(ours) == len(theirs) == turns and all(a == b for a, b in zip(ours, theirs))
-    med = {k: statistics.median(v) for k, v in times.items()}
+        times[CTXKIT].append(ctxkit_pass(ours if rep == 0 else None))
+        say(f"repeat {rep + 1}/{repeats}: ctxkit {sum(times[CTXKIT][-1]):.2f}s")
+        times[APPLY].append(apply_pass(theirs if rep == 0 else None))
+        say(f"repeat {rep + 1}/{repeats}: apply_chat_template {sum(times[APPLY][-1]):.2f}s")
+        times[ENCODE_ONLY].append(encode_only_times(tok, deltas))
+    identical = len(ours) == len(theirs) == len(steps) and all(a == b for a, b in zip(ours, theirs))
+    tm = {k: summarize_times(v) for k, v in times.items()}
+    peer, ref = tm[APPLY].total_s, tm[ENCODE_ONLY].total_s
+    arms = [RenderArm(k, t, peer / t.total_s if t.total_s else float("inf"), t.total_s / ref if ref else float("inf"))
+            for k, t in tm.items()]
+    ck = tm[CTXKIT].total_s
     return RenderBenchResult(
-        tokenizer=tok.id,
-        template=tpl.id,
-        turns=turns,
-        final_tokens=len(ours[-1]) if ours else 0,
-        repeats=repeats,
-        ctxkit_s=med["ctxkit"],
-        apply_chat_template_s=med["apply"],
-        encode_new_text_s=med["encode"],
-        speedup_vs_apply=med["apply"] / med["ctxkit"] if med["ctxkit"] else float("inf"),
-        overhead_vs_encode=med["ctxkit"] / med["encode"] if med["encode"] else float("inf"),
-        ids_identical=identical,
+        tokenizer=tok.id, template=tpl.id, episode=wl.name, turns=len(steps),
+        final_tokens=len(ours[-1]) if ours else 0, repeats=repeats,
+        ctxkit_s=ck, apply_chat_template_s=peer, encode_new_text_s=ref,
+        speedup_vs_apply=peer / ck if ck else float("inf"), overhead_vs_encode=ck / ref if ref else float("inf"),
+        ids_identical=identical, arms=arms,
     )
