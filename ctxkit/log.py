@@ -13,15 +13,30 @@ would take in every earlier event's wall-clock `ts` (the line hash covers it), s
 episode or an in-memory what-if build could never reproduce it, and placeholders that name event ids
 (masked tool output) would render to other tokens. Order and integrity are the file's hash chain's job.
 
-Writes. Each append is one `write` of whole lines on an O_APPEND descriptor; a crash can only leave a torn
-last line, detected on open. Durability: `always` fsyncs every append, `batch` every `extend`/`flush` and
-the close, `none` never.
+Writes and durability. Lines are written whole, with one `write` per append (or per `extend`, or per
+buffer) on an O_APPEND descriptor, so a crash can only leave a torn last line, detected on open and fixed
+by `repair`. What a crash loses, by mode:
+- `always`: each append is written and fsynced before it returns. Nothing acknowledged is lost, even to a
+  power failure or an OS crash.
+- `batch` (default): each append is written to the OS before it returns; `extend`, `flush` and `close`
+  fsync. A killed process loses nothing acknowledged; a power failure or OS crash loses what was appended
+  since the last fsync.
+- `none`: appends are kept in an in-memory buffer and written in one `write` at `flush`, `close`,
+  `refresh`, when the buffer reaches `BUFFER_BYTES`, or when another handle of this process wants to write;
+  nothing is fsynced unless `flush` is called. A killed process loses the buffered events (at most
+  `BUFFER_BYTES` of lines, all of them after the file's last complete line: never a gap, never a torn
+  chain); an OS crash also loses what the OS had not yet written. `events()` of the same object includes
+  buffered events; other readers of the file see them after the buffer is written.
 
-Concurrency. Every append takes `filelock.FileLock(<path>.lock)` and first reads the lines other
-processes appended since our last read (checking their chain), so `seq` stays dense and the chain valid.
-Only writing takes that lock: opening, reading and refreshing create no `.lock` file (see `ctxkit.logfile`).
+Concurrency. Writers lock `<log>.lock` with an exclusive `flock` on a descriptor the handle opens at its
+first write and keeps (`ctxkit.log_locks.WriterLock`): `always` and `batch` take it for each append, first
+reading the lines other processes appended since our last read (checking their chain), so `seq` stays
+dense and the chain valid, and lines of different writers never interleave. A `none` handle takes it at the
+first buffered append and holds it until its buffer is written: a writer in another process waits
+meanwhile. Only writing takes the lock: opening, reading and refreshing create no `.lock` file (see
+`ctxkit.logfile`).
 
-L1: imports L0 (`events`, `errors`), `logfile` and `conversation`.
+L1: imports L0 (`events`, `errors`), `logfile`, `log_locks`, `log_stamp` and `conversation`.
 """
 
 from __future__ import annotations
@@ -37,11 +52,10 @@ import weakref
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
-import orjson
 
 from ctxkit.conversation import export_conversation, export_messages, import_conversation, load_conversation
 from ctxkit.errors import ConfigError, LogFormatError
-from ctxkit.events import EVENT_TYPES, SCHEMA_VERSION, Event, event_from_dict, event_to_dict
+from ctxkit.events import SCHEMA_VERSION, Event
 from ctxkit.logfile import (
     HEADER_KEY,
     LineProblem,
@@ -49,9 +63,7 @@ from ctxkit.logfile import (
     RepairReport,
     Scan,
     VerifyReport,
-    WriterLock,
     checked_scan,
-    check_finite,
     dumps_checked,
     canonical,
     check_line,
@@ -59,15 +71,13 @@ from ctxkit.logfile import (
     line_hash,
     read_events,
     read_header,
-    read_lock,
-    read_log_bytes,
-    read_settled,
     repair,
     repair_tail,
     torn_problem,
     verify,
-    write_lock,
 )
+from ctxkit.log_locks import WriterLock, read_lock, write_lock
+from ctxkit.log_stamp import stamp
 
 DURABILITY_MODES: tuple[str, ...] = ("always", "batch", "none")
 """`always`: write and fsync every append. `batch`: write every append, fsync per `extend`/`flush` and at
@@ -79,86 +89,9 @@ BUFFER_BYTES = 1 << 20
 
 _HOLDERS: dict[str, "weakref.ref[EventLog]"] = {}  # lock file -> this process's handle buffering under it
 
-_EVENT_CLASSES = tuple(EVENT_TYPES.values())
 __all__ = ["DURABILITY_MODES", "HEADER_KEY", "EventLog", "MemoryLog", "Problem", "RepairReport", "VerifyReport",
            "export_conversation", "export_messages", "import_conversation", "load_conversation", "read_events",
            "read_header", "repair", "stamp", "verify"]
-
-
-# ---------------------------------------------------------------------------------------------- sequencing
-
-
-def stamp(events: Iterable[Event], first_seq: int, ts: float) -> list[tuple[Event, dict[str, Any], bytes]]:
-    """The one sequencer of `EventLog` and `MemoryLog`: check each new event (an event type, `seq` and `id`
-    still None, JSON-able and finite), give it `seq` (from `first_seq`), its id (`events.event_id`) and `ts`
-    (unless it has one). Returns `(recorded copy, its dict, its JSON line body)` per event; the recorded copy
-    is the JSON round trip, exactly what a reader of the file gets back. `ConfigError` names the event."""
-    out = []
-    for i, event in enumerate(events):
-        if not isinstance(event, _EVENT_CLASSES):
-            raise ConfigError(f"event {i}: {type(event).__name__} is not an event type {sorted(EVENT_TYPES)}")
-        if event.seq is not None or event.id is not None:
-            raise ConfigError(f"event {i} ({event.kind}) already has seq={event.seq!r}, id={event.id!r}; "
-                              "append events you built (seq and id None), not recorded ones")
-        seq = first_seq + len(out)
-        where = f"event {seq} ({event.kind})"
-        as_dict = event_dict(event)
-        timeless = dict(as_dict, seq=None, id=None, ts=None)  # what `events.event_id` hashes
-        if "timings" in timeless and event.kind == "step":
-            timeless["timings"] = {}
-        elif "duration_s" in timeless and event.kind == "tool_result":
-            timeless["duration_s"] = None
-        try:
-            digest = hashlib.sha256(canonical(timeless)).hexdigest()
-        except orjson.JSONEncodeError as exc:
-            raise ConfigError(f"{where} is not JSON-serializable: {exc}") from None
-        as_dict["seq"], as_dict["id"] = seq, f"e{seq}-{digest[:8]}"
-        if as_dict["ts"] is None:
-            as_dict["ts"] = ts
-        try:
-            body = orjson.dumps(as_dict)  # the caller's key order (tool schemas render in that order)
-        except orjson.JSONEncodeError as exc:
-            raise ConfigError(f"{where} is not JSON-serializable: {exc}") from None
-        loaded = orjson.loads(body)
-        if loaded != as_dict:  # orjson writes NaN/inf as null: the round trip differs (or tuples became lists)
-            check_finite(as_dict, where)
-        out.append((recorded_copy(event, loaded), as_dict, body))
-    return out
-
-
-def recorded_copy(event: Event, loaded: dict[str, Any]) -> Event:
-    """`events.event_from_dict(loaded)`, where `loaded` is the JSON round trip of `event` filled in: the same
-    event. When no field needs converting (no non-empty list: tool calls, token ids, content parts), it is
-    built without re-running the checks `event` passed when it was made (its values equal `loaded`'s)."""
-    for key, value in loaded.items():
-        if type(value) is list:
-            if value or key == "content":
-                return event_from_dict(loaded)
-            loaded[key] = ()  # every list-valued field is a tuple field (`events.event_from_dict`)
-    if not hasattr(event, "__dict__"):  # pragma: no cover - events are plain frozen dataclasses
-        return event_from_dict(loaded)
-    copy = object.__new__(type(event))
-    copy.__dict__.update(loaded)
-    return copy
-
-
-_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
-
-
-def event_dict(event: Event) -> dict[str, Any]:
-    """`events.event_to_dict(event)`, computed faster (field names cached per class); the same dict."""
-    names = _FIELD_NAMES.get(type(event))
-    if names is None:
-        names = _FIELD_NAMES[type(event)] = tuple(f.name for f in dataclasses.fields(event))
-    out: dict[str, Any] = {}
-    for name in names:
-        value = getattr(event, name)
-        if isinstance(value, tuple):
-            if value and (name == "tool_calls" or name == "edits"):
-                return event_to_dict(event)
-            value = list(value)
-        out[name] = value
-    return out
 
 
 # ---------------------------------------------------------------------------------------------- the logs
@@ -289,15 +222,15 @@ class EventLog:
         crashed writer leaves before one of our appends."""
         cls._check_durability(durability)
         path = Path(path)
-        scan = checked_scan(path, read_settled(path))
+        scan = checked_scan(path)
         if scan.torn:
             if not repair:
                 raise torn_problem(scan, path).error(path)
             with write_lock(path):  # repairing writes: the writers' lock
-                scan = checked_scan(path, read_log_bytes(path))
+                scan = checked_scan(path, settle=False)
                 if scan.torn:
                     repair_tail(path, scan)
-                    scan = checked_scan(path, read_log_bytes(path))
+                    scan = checked_scan(path, settle=False)
         return cls(path, scan.header, scan, durability, repair)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ reading

@@ -8,16 +8,15 @@ the chain at that line. A crash mid-append can leave only a torn last line (`Eve
 with one `write` on an O_APPEND descriptor); `repair` removes it, keeping the removed bytes in a `.torn`
 side file, or completes it when only its newline is missing.
 
-Locks. Only writers lock: an append or a repair holds an exclusive `flock` on `<log>.lock` (`WriterLock`;
-an `EventLog` opens that file at its first write and keeps the descriptor).
-Readers (`read_events`, `verify`, a `repair` with nothing to repair) never create that file, so reading a
-log leaves its folder as it was; a reader that finds a tail without a newline waits on the existing lock
-file, if any, with a shared `flock` (`read_lock`) and reads again, so a line in flight is not reported torn.
+Locks (`ctxkit.log_locks`). Only writers lock: an append or a repair holds an exclusive `flock` on
+`<log>.lock`. Readers (`read_events`, `verify`, a `repair` with nothing to repair) never create that file, so
+reading a log leaves its folder as it was; a reader that finds a tail without a newline waits on the existing
+lock file, if any (`read_lock`), and reads again, so a line in flight is not reported torn.
 
-The helpers without a leading underscore that are not in `__all__` (`check_line`, `scan_bytes`, ...) are
+The helpers without a leading underscore that are not in `__all__` (`check_line`, `scan_log`, ...) are
 shared with `ctxkit.log`'s writer; they are not part of the public API.
 
-L1: imports only L0 (`events`, `errors`).
+L1: imports L0 (`events`, `errors`) and `log_locks`.
 """
 
 from __future__ import annotations
@@ -27,15 +26,15 @@ import hashlib
 import math
 import os
 from collections import abc
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import orjson
 
 from ctxkit.errors import ConfigError, LogFormatError, MessageFormatError, SchemaVersionError, TornLineError
 from ctxkit.events import SCHEMA_VERSION, Event, event_from_dict
+from ctxkit.log_locks import read_lock, write_lock
 
 HEADER_KEY = "ctxkit_log"
 """Header key holding the schema version; its presence marks a file as a ctxkit log."""
@@ -219,23 +218,26 @@ class Scan:
     torn: bytes = b""
 
 
-def scan_bytes(data: bytes, *, collect: bool) -> Scan:
-    """Check a whole log. `collect=False` raises the first problem (a `LineProblem`); torn tails are only noted."""
-    scan = Scan()
-    scan.good_len = data.rfind(b"\n") + 1
-    scan.torn = data[scan.good_len:]
-    lines = data[: scan.good_len].split(b"\n")[:-1] if scan.good_len else []
-    scan.n_lines = len(lines)
-    if not lines:
-        return scan
-    try:
-        scan.header, scan.last_hash = check_header(lines[0])
-    except LineProblem as bad:
-        if not collect:
-            raise
-        scan.problems.append(bad)
-    for i, raw in enumerate(lines[1:]):
-        line = i + 2
+def scan_lines(lines: Iterable[bytes], *, collect: bool, keep_events: bool = True, scan: Scan | None = None) -> Scan:
+    """Check a log's lines (each with its newline; a last one without is its torn tail), one at a time, so
+    a file streams through in constant memory (`keep_events=False` keeps no events either). `collect=False`
+    raises the first problem (a `LineProblem`); a torn tail is only noted. Continues `scan` when given."""
+    scan = scan if scan is not None else Scan()
+    for raw in lines:
+        if not raw.endswith(b"\n"):
+            scan.torn = raw
+            break
+        scan.good_len += len(raw)
+        scan.n_lines += 1
+        line, raw = scan.n_lines, raw[:-1]
+        if line == 1:
+            try:
+                scan.header, scan.last_hash = check_header(raw)
+            except LineProblem as bad:
+                if not collect:
+                    raise
+                scan.problems.append(bad)
+            continue
         try:
             event, digest = check_line(raw, line, scan.last_hash)
         except LineProblem as bad:
@@ -248,8 +250,30 @@ def scan_bytes(data: bytes, *, collect: bool) -> Scan:
                 digest = None
             scan.last_hash = digest if isinstance(digest, str) else None
             continue
-        scan.events.append(event)
+        if keep_events:
+            scan.events.append(event)
         scan.last_hash = digest
+    return scan
+
+
+def scan_log(path: Path, *, collect: bool, keep_events: bool = True, settle: bool = True) -> Scan:
+    """Stream a log file through `scan_lines` without taking the writers' lock. A writer holds the lock
+    while a line is being written, so a tail without a newline is either that line in flight or a crashed
+    writer's torn line: with `settle`, only then wait on the lock (`read_lock`) and read on from there.
+    Reading never creates a `.lock` file. `LogFormatError` when the file is missing or a folder."""
+    try:
+        fh = open(path, "rb")
+    except FileNotFoundError:
+        raise LogFormatError("no such log file", path=str(path)) from None
+    except IsADirectoryError:
+        raise LogFormatError("is a directory, not a log file", path=str(path)) from None
+    with fh:
+        scan = scan_lines(fh, collect=collect, keep_events=keep_events)
+        if scan.torn and settle:
+            with read_lock(path):
+                fh.seek(scan.good_len)
+                scan.torn = b""
+                scan_lines(fh, collect=collect, keep_events=keep_events, scan=scan)
     return scan
 
 
@@ -258,113 +282,6 @@ def torn_problem(scan: Scan, path: Path) -> LineProblem:
     line = scan.n_lines + 1
     return LineProblem(line, "torn", f"last line is incomplete ({len(scan.torn)} bytes without a newline: a crash "
                               f"mid-append); run `ctxkit log verify {path} --repair` or open with repair=True")
-
-
-def lock_path(path: Path) -> Path:
-    """The writers' lock file of a log: `<log>.lock`, created by the first append (`filelock`)."""
-    return Path(str(path) + ".lock")
-
-
-class WriterLock:
-    """The writers' exclusive lock on a log: an `fcntl.flock` on `<log>.lock`, whose descriptor is opened at the
-    first `acquire` (creating the file) and kept until `close`, so taking and releasing it costs one system
-    call each. `filelock.FileLock` on the same file is the fallback where `fcntl` is missing (and the two
-    exclude each other on POSIX, where filelock uses `flock` too). A killed process releases it."""
-
-    def __init__(self, path: Path) -> None:
-        """The lock of the log at `path` (nothing is opened or created yet)."""
-        self.path: Path = lock_path(path)
-        """The lock file."""
-        self._fd: int | None = None
-        self._fallback = None
-
-    def acquire(self, *, blocking: bool = True) -> bool:
-        """Take the lock; with `blocking=False` return False at once when another descriptor holds it."""
-        try:
-            import fcntl
-        except ImportError:  # pragma: no cover - not POSIX
-            from filelock import FileLock, Timeout
-
-            self._fallback = self._fallback or FileLock(str(self.path))
-            try:
-                self._fallback.acquire(timeout=-1 if blocking else 0)
-            except Timeout:
-                return False
-            return True
-        if self._fd is None:
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX if blocking else fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False
-        return True
-
-    def release(self) -> None:
-        """Release the lock (the descriptor stays open for the next `acquire`)."""
-        if self._fallback is not None:  # pragma: no cover - not POSIX
-            self._fallback.release()
-        elif self._fd is not None:
-            import fcntl
-
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-
-    def close(self) -> None:
-        """Close the descriptor (which releases the lock if held). Closing twice is fine."""
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-
-@contextmanager
-def write_lock(path: Path):
-    """Hold the log's exclusive writer lock (creating `<log>.lock` if needed) for one operation (a repair)."""
-    lock = WriterLock(path)
-    lock.acquire()
-    try:
-        yield
-    finally:
-        lock.release()
-        lock.close()
-
-
-@contextmanager
-def read_lock(path: Path):
-    """Wait for any writer in the middle of an append, without creating anything: a shared `flock` on the
-    existing `<log>.lock`. No lock file (no writer ever appended), a lock file we cannot open (a read-only
-    place, another user's file) or a platform without `fcntl` means nothing to wait for."""
-    try:
-        import fcntl
-
-        fd = os.open(lock_path(path), os.O_RDONLY)
-    except (ImportError, OSError):
-        yield
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH)
-        yield
-    finally:
-        os.close(fd)  # closing the descriptor releases the flock
-
-
-def read_settled(path: Path) -> bytes:
-    """The bytes of a log, read without taking the writers' lock. A writer holds the lock while a line is
-    being written, so a tail without a newline is either that line in flight or a crashed writer's torn
-    line: only then wait on the lock (`read_lock`) and read again. Reading never creates a `.lock` file."""
-    data = read_log_bytes(path)
-    if data and not data.endswith(b"\n"):
-        with read_lock(path):
-            data = read_log_bytes(path)
-    return data
-
-
-def read_log_bytes(path: Path) -> bytes:
-    """The bytes of a log file (`LogFormatError` when it is missing or a folder)."""
-    try:
-        return path.read_bytes()
-    except FileNotFoundError:
-        raise LogFormatError("no such log file", path=str(path)) from None
-    except IsADirectoryError:
-        raise LogFormatError("is a directory, not a log file", path=str(path)) from None
 
 
 def fsync_dir(path: Path) -> None:
@@ -381,10 +298,11 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def checked_scan(path: Path, data: bytes) -> Scan:
-    """Scan a whole log, raising the typed error of its first problem (a torn tail is only noted)."""
+def checked_scan(path: Path, *, settle: bool = True) -> Scan:
+    """Stream a whole log (`scan_log`), raising the typed error of its first problem (a torn tail is only
+    noted)."""
     try:
-        scan = scan_bytes(data, collect=False)
+        scan = scan_log(path, collect=False, settle=settle)
     except LineProblem as bad:
         raise bad.error(path) from None
     if scan.header is None and not scan.torn:
@@ -399,7 +317,7 @@ def read_events(path, *, allow_torn: bool = False) -> tuple[Event, ...]:
     """Read and verify a log without opening it for writing. A torn tail raises `TornLineError` unless
     `allow_torn` (then it is ignored: it holds no complete event)."""
     path = Path(path)
-    scan = checked_scan(path, read_settled(path))
+    scan = checked_scan(path)
     if scan.torn and not allow_torn:
         raise torn_problem(scan, path).error(path)
     if scan.header is None:
@@ -426,7 +344,7 @@ def read_header(path) -> dict[str, Any]:
 def verify(path) -> VerifyReport:
     """Check every line of a log; reports all problems (with 1-based line numbers) instead of raising."""
     path = Path(path)
-    scan = scan_bytes(read_settled(path), collect=True)
+    scan = scan_log(path, collect=True, keep_events=False)
     problems = [Problem(b.line, b.code, b.message) for b in scan.problems]
     if scan.n_lines == 0 and not scan.torn:
         problems.append(Problem(1, "empty", "empty file: not a ctxkit log (no header)"))
@@ -442,20 +360,20 @@ def repair(path) -> RepairReport:
     removed bytes to a `.torn` side file. Never touches a complete line; any other corruption is refused
     (`LogFormatError` naming the line)."""
     path = Path(path)
-    scan = _repairable(path, read_settled(path))
+    scan = _repairable(path, settle=True)
     if not scan.torn:  # nothing to write, so no lock taken
         return RepairReport(path=str(path), removed_bytes=0, completed_line=False, side_file=None,
-                            n_events=len(scan.events))
+                            n_events=max(scan.n_lines - 1, 0))
     with write_lock(path):
-        scan = _repairable(path, read_log_bytes(path))
+        scan = _repairable(path, settle=False)
         removed, completed, side = repair_tail(path, scan) if scan.torn else (0, False, None)
-        n_events = len(scan_bytes(read_log_bytes(path), collect=False).events)
+        n_events = max(scan_log(path, collect=False, keep_events=False, settle=False).n_lines - 1, 0)
     return RepairReport(path=str(path), removed_bytes=removed, completed_line=completed,
                         side_file=side, n_events=n_events)
 
 
-def _repairable(path: Path, data: bytes) -> Scan:
-    scan = scan_bytes(data, collect=True)
+def _repairable(path: Path, *, settle: bool) -> Scan:
+    scan = scan_log(path, collect=True, keep_events=False, settle=settle)
     if scan.problems:
         bad = scan.problems[0]
         raise LogFormatError(f"{bad.message}; repair only fixes a torn last line", path=str(path), line=bad.line)
