@@ -13,15 +13,15 @@ def _x(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f}x"
 
 
-def _row(cells: Sequence[str], widths: Sequence[int]) -> str:
-    return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+def _row(cells: Sequence[str], widths: Sequence[int], left: Sequence[int]) -> str:
+    return "  ".join(c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
 
 
-def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """A left-aligned first column, right-aligned others, one space-padded line per row."""
+def table(header: Sequence[str], rows: Sequence[Sequence[str]], left: Sequence[int] = (0,)) -> str:
+    """Columns `left` left-aligned (names), the others right-aligned (figures), one line per row."""
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    lines = [_row(header, widths), _row(["-" * w for w in widths], widths)]
-    lines += [_row([str(c) for c in r], widths) for r in rows]
+    lines = [_row(header, widths, left), _row(["-" * w for w in widths], widths, left)]
+    lines += [_row([str(c) for c in r], widths, left) for r in rows]
     return "\n".join(lines)
 
 
@@ -90,6 +90,7 @@ def trajectories_table(rows: Sequence[dict]) -> str:
               "max ms", "compactions", "over budget", "ids identical", "budgets"]
     cells = [[r["file"], str(r["episodes"]), str(r["builds"]), r["arm"], f"{r['total_s']:.3f}", _x(r["vs_peer"]),
               _x(r["vs_encode_only"]), f"{r['p99_ms']:.2f}", f"{r['max_ms']:.2f}",
-              "-" if r["compactions"] is None else str(r["compactions"]), str(r["over_budget"]),
+              "-" if r["compactions"] is None else str(r["compactions"]),
+              "-" if r["over_budget"] is None else str(r["over_budget"]),
               {True: "yes", False: "NO", None: "-"}[r["ids_identical"]], r["budgets"]] for r in rows]
-    return table(header, cells)
+    return table(header, cells, left=(0, 3))

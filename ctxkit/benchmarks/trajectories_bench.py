@@ -40,6 +40,7 @@ def run(tokenizer_spec: str, folder: str | Path, *, fraction: float = 0.5, compr
     """Rows of the table (see the module docstring); `compressors` default to `build_bench.DEFAULT_COMPRESSORS`."""
     from ctxkit.benchmarks import build_bench
     from ctxkit.benchmarks.workload import budget_from_fraction, episode_workloads
+    from ctxkit.importers import read_episodes
     from ctxkit.templates import load_template
     from ctxkit.tokenizers import load_tokenizer
 
@@ -50,8 +51,9 @@ def run(tokenizer_spec: str, folder: str | Path, *, fraction: float = 0.5, compr
     say = progress or (lambda msg: None)
     rows: list[dict[str, Any]] = []
     for path, tools in trajectory_files(folder):
-        workloads = episode_workloads(str(path), tok, tpl, tools_file=str(tools) if tools else None)
-        picked = [workloads[i] for i in spread(len(workloads))]
+        n = len(read_episodes(path))  # count first: only the spread is made into offline steps
+        picked = episode_workloads(str(path), tok, tpl, select=",".join(map(str, spread(n))),
+                                   tools_file=str(tools) if tools else None)
         results = []
         for wl in picked:
             budget, note = budget_from_fraction(wl, tok, tpl, fraction, build_bench.fits_with(tok, tpl, "window", wl))
@@ -85,7 +87,8 @@ def _file_rows(name: str, results: list) -> list[dict[str, Any]]:
             "vs_encode_only": t / total[ref] if ref and total[ref] and complete else None,
             "p99_ms": max(a.timing.p99_ms for a in items), "max_ms": max(a.timing.max_ms for a in items),
             "compactions": sum(a.compactions for a in items) if kind.startswith("ctxkit") else None,
-            "over_budget": sum(a.over_budget for a in items), "ids_identical": ids, "budgets": pct,
+            "over_budget": None if kind == "reference" else sum(a.over_budget for a in items),
+            "ids_identical": ids, "budgets": pct,
             "errors": [a.error for a in items if a.error],
         })
     return rows

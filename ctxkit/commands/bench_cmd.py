@@ -156,7 +156,7 @@ def _build(args: argparse.Namespace) -> int:
             _dump(rows)
         else:
             print(trajectories_table(rows))
-        return 0 if all(r["over_budget"] == 0 and r["ids_identical"] is not False
+        return 0 if all(not r["over_budget"] and r["ids_identical"] is not False
                         for r in rows if r["kind"].startswith("ctxkit")) else 1
     tok, tpl = _setup(args)
     if fraction is None and args.budget is None and args.episode is not None:
