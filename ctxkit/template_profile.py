@@ -239,8 +239,9 @@ def _probe_facts(tokenizer, template: ChatTemplate) -> dict[str, Any]:
 
     starts_with_bos = bool(bos) and full.startswith(bos)
     adds_bos = False
-    hf = getattr(tokenizer, "hf", None)
-    if hf is not None and bos and bos in specials:
+    if hasattr(tokenizer, "encode_model_input"):  # a ctxkit Tokenizer: no transformers load
+        adds_bos = bool(bos) and bos in specials and tokenizer.encode_model_input("x")[:1] == [specials[bos]]
+    elif (hf := getattr(tokenizer, "hf", None)) is not None and bos and bos in specials:
         try:
             adds_bos = hf("x", add_special_tokens=True)["input_ids"][:1] == [specials[bos]]
         except Exception:  # pragma: no cover - backend quirks

@@ -150,6 +150,9 @@ def available_templates() -> list[str]:
 
 
 def _variables(tokenizer) -> dict[str, str]:
+    named = getattr(tokenizer, "special_tokens_map", None)  # a ctxkit Tokenizer: no transformers load
+    if named is not None:
+        return plain_value(dict(named), "special tokens")  # as apply_chat_template passes them
     hf = getattr(tokenizer, "hf", None)
     if hf is not None:
         return plain_value(dict(hf.special_tokens_map), "special tokens")  # as apply_chat_template passes them

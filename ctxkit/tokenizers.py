@@ -4,6 +4,11 @@
 cache when offline), `tiktoken:<encoding>` (the `.tiktoken` rank file is found offline, see
 `tiktoken_search_dirs`) or `tiktoken:/path/to/file.tiktoken`. Loaded tokenizers are cached per spec.
 
+A folder is read with the `tokenizers` library alone (`tokenizer_files.read_tokenizer_folder`: no
+`transformers` import, a fraction of a second); hub ids and folder layouts it does not understand load
+through `transformers`' `AutoTokenizer`. Either way `Tokenizer.hf` gives the `transformers` tokenizer,
+loaded on first use, for comparisons with `apply_chat_template` and for models.
+
 Encoding follows the chat-template convention: special-token text is parsed as special tokens and no
 BOS/EOS is ever added (`add_special_tokens=False`), which is how `apply_chat_template` tokenizes.
 
@@ -24,23 +29,13 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from ctxkit.errors import TokenizerError
+from ctxkit.tokenizer_files import backend_functions, folder_digest, hash_files, read_tokenizer_folder
 
 TIKTOKEN_ENV = "CTXKIT_TIKTOKEN_DIR"
 """Environment variable naming a folder that holds `<encoding>.tiktoken` rank files."""
 SHARED_ENV = "CTXKIT_SHARED"
 """Environment variable naming the shared fixtures folder (`tokenizers/`, `tiktoken/`, `trajectories/`)."""
 
-_HF_VOCAB_FILES = (
-    "tokenizer.json",
-    "vocab.json",
-    "merges.txt",
-    "tokenizer.model",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-)
-"""Files of a Hugging Face tokenizer folder whose bytes make up its id (the chat template is hashed
-separately, by `templates.py`)."""
 
 
 class _LRU:
@@ -83,9 +78,9 @@ class Tokenizer:
     """A loaded tokenizer: encode/decode/count with the chat-template conventions.
 
     Attributes: `spec` (what was asked for), `id` (`<name>@sha256:<16 hex>` over the vocabulary files),
-    `kind` (`"hf"` or `"tiktoken"`), `hf` (the transformers tokenizer, None for tiktoken), `encoding`
-    (the tiktoken Encoding, None for HF), `chat_template`, `bos_token`, `eos_token`, `special_tokens`
-    (added/special token text -> id).
+    `kind` (`"hf"` or `"tiktoken"`), `backend` (the `tokenizers.Tokenizer`, None for tiktoken), `hf` (the
+    transformers tokenizer, loaded on first use; None for tiktoken), `encoding` (the tiktoken Encoding,
+    None for HF), `chat_template`, `bos_token`, `eos_token`, `special_tokens` (added/special token text -> id).
     """
 
     def __init__(
@@ -100,6 +95,9 @@ class Tokenizer:
         special_tokens: Mapping[str, int],
         segmentable: bool,
         hf: Any = None,
+        hf_loader: Callable[[], Any] | None = None,
+        backend: Any = None,
+        special_tokens_map: Mapping[str, str] | None = None,
         encoding: Any = None,
         chat_template: str | None = None,
         bos_token: str | None = None,
@@ -108,7 +106,11 @@ class Tokenizer:
         self.spec = spec
         self.id = id
         self.kind = kind
-        self.hf = hf
+        self._hf = hf
+        self._hf_loader = hf_loader
+        self._hf_lock = threading.Lock()
+        self.backend = backend
+        self._special_tokens_map = None if special_tokens_map is None else dict(special_tokens_map)
         self.encoding = encoding
         self.chat_template = chat_template
         self.bos_token = bos_token
@@ -129,10 +131,32 @@ class Tokenizer:
         return f"Tokenizer({self.id!r}, kind={self.kind!r})"
 
     @property
+    def hf(self) -> Any:
+        """The `transformers` tokenizer (None for tiktoken), loaded on first use: `transformers` is imported
+        only by code that asks for it (comparisons with `apply_chat_template`, models)."""
+        if self._hf is None and self._hf_loader is not None:
+            with self._hf_lock:
+                if self._hf is None:
+                    self._hf = self._hf_loader()
+        return self._hf
+
+    @property
+    def special_tokens_map(self) -> dict[str, str]:
+        """Named special tokens (`bos_token`, `eos_token`, `pad_token`, ...) -> text, as `transformers`'
+        `special_tokens_map` gives them: the variables a chat template sees beside `messages`."""
+        if self._special_tokens_map is None:
+            if self.hf is not None:
+                self._special_tokens_map = {k: str(v) for k, v in self.hf.special_tokens_map.items()}
+            else:
+                named = {"bos_token": self.bos_token, "eos_token": self.eos_token}
+                self._special_tokens_map = {k: v for k, v in named.items() if v}
+        return dict(self._special_tokens_map)
+
+    @property
     def vocab_size(self) -> int:
         """Number of ids, special tokens included."""
-        if self.hf is not None:
-            return len(self.hf)
+        if self.backend is not None:
+            return int(self.backend.get_vocab_size(with_added_tokens=True))
         return int(self.encoding.n_vocab)
 
     def encode(self, text: str) -> list[int]:
@@ -140,6 +164,13 @@ class Tokenizer:
         if not isinstance(text, str):
             raise TokenizerError(f"{self.id}: encode() needs a str, got {type(text).__name__}")
         return self._encode_full(text)
+
+    def encode_model_input(self, text: str) -> list[int]:
+        """Ids of `text` as the tokenizer's own `tokenizer(text)` call gives them: its post-processor adds
+        BOS/EOS where it does (for tiktoken, the same as `encode`). `encode` never adds them."""
+        if self.backend is None:
+            return self.encode(text)
+        return self.backend.encode(text, add_special_tokens=True).ids
 
     def decode(self, ids: Iterable[int], *, skip_special_tokens: bool = False) -> str:
         """Text of `ids` (special tokens kept unless `skip_special_tokens`)."""
@@ -257,76 +288,33 @@ def load_tokenizer(spec: str | os.PathLike | Tokenizer) -> Tokenizer:
 # --------------------------------------------------------------------------------------------- HF
 
 
-def _hash_files(paths: Iterable[Path]) -> str:
-    h = hashlib.sha256()
-    for path in paths:
-        h.update(path.name.encode() + b"\0")
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-        h.update(b"\0")
-    return h.hexdigest()
-
-
 def _load_hf(spec: str) -> Tokenizer:
     path = Path(spec).expanduser()
     looks_like_path = path.is_absolute() or spec.startswith((".", "~")) or os.sep in spec.strip("/").split("/", 1)[-1]
     if path.exists() and not path.is_dir():
         raise TokenizerError(f"tokenizer spec {spec!r} is a file; expected a tokenizer folder, a hub id or 'tiktoken:...'")
     if path.is_dir():
-        files = [path / n for n in _HF_VOCAB_FILES if (path / n).is_file()]
-        if not any(f.name in ("tokenizer.json", "vocab.json", "tokenizer.model") for f in files):
-            found = sorted(p.name for p in path.iterdir())
-            raise TokenizerError(
-                f"{path}: not a tokenizer folder (no tokenizer.json, vocab.json or tokenizer.model); found {found}"
-            )
-        digest = _hash_files(files)
+        digest = folder_digest(path)
         name = path.name
     elif looks_like_path or spec.count("/") > 1:
         raise TokenizerError(f"tokenizer folder {spec!r} does not exist")
     else:
         digest = None
         name = spec.rsplit("/", 1)[-1]
-    try:
-        from transformers import AutoTokenizer
-
-        hf = AutoTokenizer.from_pretrained(str(path) if path.is_dir() else spec)
-    except Exception as exc:
-        raise TokenizerError(f"cannot load Hugging Face tokenizer {spec!r}: {type(exc).__name__}: {exc}") from exc
-    backend = getattr(hf, "backend_tokenizer", None)
-    if backend is None:
-        raise TokenizerError(f"{spec!r}: only fast (tokenizers-backed) Hugging Face tokenizers are supported")
+    source = str(path) if path.is_dir() else spec
+    folder = read_tokenizer_folder(path) if path.is_dir() else None
+    if folder is not None:
+        hf, backend, named = None, folder.backend, folder.special_tokens_map
+        template, bos, eos = folder.chat_template, folder.bos_token, folder.eos_token
+    else:
+        hf = _auto_tokenizer(spec, source)
+        backend, named = hf.backend_tokenizer, None
+        template, bos, eos = getattr(hf, "chat_template", None), hf.bos_token, hf.eos_token
+        if isinstance(template, dict):  # several named templates: the default one
+            template = template.get("default")
     if digest is None:
         digest = hashlib.sha256(backend.to_str().encode()).hexdigest()
-    added = backend.get_added_tokens_decoder()
-    special = {tok.content: int(i) for i, tok in added.items()}
-    segmentable = all(
-        not (t.lstrip or t.rstrip or t.single_word or t.normalized) for t in added.values()
-    )
-    anchor = min(special, key=lambda t: special[t]) if special else None
-
-    def encode_full(text: str) -> list[int]:
-        return backend.encode(text, add_special_tokens=False).ids
-
-    def encode_piece(piece: str, at_start: bool) -> tuple[list[int], list[int]]:
-        if at_start or anchor is None:
-            enc = backend.encode(piece, add_special_tokens=False)
-            return enc.ids, [s for s, _ in enc.offsets]
-        # Encode as a continuation: behind a special token the piece does not start the text, which
-        # matters for Metaspace(prepend_scheme="first"); the anchor's own id is dropped.
-        enc = backend.encode(anchor + piece, add_special_tokens=False)
-        ids = enc.ids
-        if not ids or ids[0] != special[anchor]:
-            raise TokenizerError(f"{spec!r}: special token {anchor!r} did not encode to its own id")
-        shift = len(anchor)
-        return ids[1:], [max(0, s - shift) for s, _ in enc.offsets[1:]]
-
-    def decode(ids: Sequence[int], skip: bool) -> str:
-        return backend.decode(ids, skip_special_tokens=skip)
-
-    template = getattr(hf, "chat_template", None)
-    if isinstance(template, dict):  # several named templates: the default one
-        template = template.get("default")
+    special, segmentable, encode_full, encode_piece, decode = backend_functions(backend, spec)
     return Tokenizer(
         spec=spec,
         id=f"{name}@sha256:{digest[:16]}",
@@ -337,10 +325,26 @@ def _load_hf(spec: str) -> Tokenizer:
         special_tokens=special,
         segmentable=segmentable,
         hf=hf,
+        hf_loader=lambda: _auto_tokenizer(spec, source),
+        backend=backend,
+        special_tokens_map=named,
         chat_template=template,
-        bos_token=hf.bos_token,
-        eos_token=hf.eos_token,
+        bos_token=bos,
+        eos_token=eos,
     )
+
+
+def _auto_tokenizer(spec: str, source: str) -> Any:
+    """`transformers`' fast tokenizer for `source` (a folder or hub id); errors are `TokenizerError`s."""
+    try:
+        from transformers import AutoTokenizer
+
+        hf = AutoTokenizer.from_pretrained(source)
+    except Exception as exc:
+        raise TokenizerError(f"cannot load Hugging Face tokenizer {spec!r}: {type(exc).__name__}: {exc}") from exc
+    if getattr(hf, "backend_tokenizer", None) is None:
+        raise TokenizerError(f"{spec!r}: only fast (tokenizers-backed) Hugging Face tokenizers are supported")
+    return hf
 
 
 # --------------------------------------------------------------------------------------- tiktoken
@@ -446,7 +450,7 @@ def _load_tiktoken(spec: str) -> Tokenizer:
                 f"{sorted(__import__('tiktoken_ext.openai_public').openai_public.ENCODING_CONSTRUCTORS)}"
             )
         params = dict(params, mergeable_ranks=ranks)
-        digest = _hash_files([path])
+        digest = hash_files([path])
     else:
         params = _tiktoken_constructor(target)
         found = None
@@ -454,7 +458,7 @@ def _load_tiktoken(spec: str) -> Tokenizer:
             if (d / f"{target}.tiktoken").is_file():
                 found = d / f"{target}.tiktoken"
                 break
-        digest = _hash_files([found]) if found else hashlib.sha256(repr(sorted(params["mergeable_ranks"].items())).encode()).hexdigest()
+        digest = hash_files([found]) if found else hashlib.sha256(repr(sorted(params["mergeable_ranks"].items())).encode()).hexdigest()
     special = dict(params["special_tokens"])
     chatml = CHATML_TIKTOKEN_SPECIALS.get(params["name"], {})
     special.update({t: i for t, i in chatml.items() if t not in special})
