@@ -53,6 +53,21 @@ def register_bench(subparsers) -> None:
                             "episodes per file, at --budget-fraction (default 0.5); one table")
     build.add_argument("--json", action="store_true", help="print the figures as JSON")
     build.set_defaults(func=_build)
+    log = sub.add_parser("log", help="EventLog append rates against bare loops",
+                         description="Time EventLog appends (durability none/batch/always, extend) beside a bare "
+                                     "orjson+sha256 chained loop and a bare write+fsync loop (ctxkit.benchmarks.log_bench).")
+    log.add_argument("--events", type=positive_int, default=20000, help="events per arm (default 20000)")
+    log.add_argument("--fsync-events", type=positive_int, default=None,
+                     help="events for the fsync-per-event arms (default min(events, 2000))")
+    log.add_argument("--dir", default=None, help="folder to write the logs in (default: the system temp folder)")
+    log.add_argument("--json", action="store_true", help="print the figures as JSON")
+    log.set_defaults(func=_bench_log)
+
+
+def _bench_log(args: argparse.Namespace) -> int:
+    from ctxkit.benchmarks.log_bench import main
+
+    return main(args)
 
 
 def _episode_args(parser) -> None:
