@@ -9,7 +9,9 @@ cd "$(dirname "$0")/.."
 if [ "${CTXKIT_SKIP_INSTALL:-0}" != "1" ]; then
     python3 -m venv .venv
     . .venv/bin/activate
-    pip install -q --prefer-binary torch==2.13.0 -e '.[quickstart]'
+    # --no-compile: pip would byte-compile every installed module (~330 MB of __pycache__, mostly torch
+    # and sympy modules never imported); Python compiles the modules it imports on first use.
+    pip install -q --prefer-binary --no-compile torch==2.13.0 -e '.[quickstart]'
 fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 ctxkit ablate experiments/quickstart.toml --out runs/quick "$@"
