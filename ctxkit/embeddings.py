@@ -1,7 +1,9 @@
-"""Embeddings for retrieval: a counted text embedder and an incremental faiss index of passages (L2).
+"""Embeddings for retrieval and summaries: a cached, counted text embedder and a faiss passage index (Layer L2).
 
 `TextEmbedder` turns texts into L2-normalized float32 vectors with a sentence-transformers model
-(all-MiniLM-L6-v2 by default, via `ctxkit.models.load_embedder`) and counts what it encodes.
+(all-MiniLM-L6-v2 by default, via `ctxkit.models.load_embedder`), through the content-hash cache of
+`ctxkit.embedding_cache`, and counts what it encodes; `encode_texts` computes each vector independently
+of its batch, so results are the same with a cold cache, a warm one, or none.
 `PassageIndex` keeps a faiss `IndexFlatIP` over those vectors (inner product of unit vectors = cosine)
 and grows it incrementally: a document (an event's text) is cut into passages and embedded once, keyed
 by its event id and the sha256 of its text; adding it again costs nothing. `search` returns the best
@@ -27,20 +29,61 @@ def text_sha(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-_SHARED_VECTORS: dict[str, "OrderedDict[str, Any]"] = {}
-"""Per embedder id: text sha256 -> unit vector, shared by every `TextEmbedder` loaded from a path."""
-_SHARED_LOCK = threading.Lock()
-VECTOR_CACHE_SIZE = 50_000
-"""Most vectors kept per embedder (the oldest dropped first)."""
+ENCODE_BATCH = 8
+"""Rows per model call in `encode_texts` (fixed: every text is computed in a batch of this shape)."""
+LENGTH_BUCKET = 32
+"""Token lengths are padded up to a multiple of this (at most the model's `max_seq_length`)."""
+
+
+def encode_texts(model: Any, texts: Sequence[str]):
+    """A `(len(texts), dim)` float32 array of unit vectors for `texts`, in one or more model calls.
+
+    For a sentence-transformers model each vector is a pure function of the model and its own text: texts
+    are grouped by padded length (`LENGTH_BUCKET`) and run in batches of exactly `ENCODE_BATCH` rows (filled
+    with empty texts), so a text's vector has the same bytes whatever it is batched with; plain `encode`
+    gives vectors that differ in the last bits with the batch's other texts. Any other object with a
+    sentence-transformers style `encode(texts, ...)` is called once, as it is.
+    """
+    import numpy as np
+
+    texts = list(texts)
+    tokenizer = getattr(model, "tokenizer", None)
+    limit = getattr(model, "max_seq_length", None)
+    if tokenizer is None or not isinstance(limit, int) or not callable(getattr(model, "forward", None)):
+        vecs = model.encode(texts, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
+        return np.asarray(vecs, dtype=np.float32)
+    import torch
+
+    lengths = [len(ids) for ids in tokenizer(texts, truncation=True, max_length=limit)["input_ids"]]
+    groups: dict[int, list[int]] = {}
+    for i, n in enumerate(lengths):
+        groups.setdefault(min(limit, -(-n // LENGTH_BUCKET) * LENGTH_BUCKET), []).append(i)
+    out: list[Any] = [None] * len(texts)
+    device = getattr(model, "device", "cpu")
+    with torch.inference_mode():
+        for width, rows in sorted(groups.items()):
+            for s in range(0, len(rows), ENCODE_BATCH):
+                chunk = rows[s:s + ENCODE_BATCH]
+                batch = [texts[i] for i in chunk] + [""] * (ENCODE_BATCH - len(chunk))
+                features = tokenizer(batch, truncation=True, max_length=width, padding="max_length",
+                                     return_tensors="pt")
+                features = {k: v.to(device) for k, v in features.items()}
+                emb = model.forward(features)["sentence_embedding"]
+                emb = torch.nn.functional.normalize(emb.float(), p=2, dim=1).cpu().numpy()
+                for j, i in enumerate(chunk):
+                    out[i] = emb[j].copy()
+    return np.stack(out).astype(np.float32, copy=False)
 
 
 class TextEmbedder:
-    """Sentence embeddings, L2-normalized float32, cached by text and counted.
+    """Sentence embeddings, L2-normalized float32, cached by content hash and counted.
 
     By default the model at `model_path` (all-MiniLM-L6-v2 when None) is loaded lazily on first use and
-    shared (`ctxkit.models.load_embedder`), and vectors are cached per text in a process-wide cache keyed
-    by the model's id, so a text is embedded once per process whoever asks. `model` may instead be any
-    object with a sentence-transformers style `encode(texts, ...)`; its vectors are cached on this
+    shared (`ctxkit.models.load_embedder`: once per process), and vectors go through the process-wide
+    `ctxkit.embedding_cache` keyed by sha256(model id + text), on disk too when a cache folder is set
+    (`set_cache_dir`, as a run does), so a text is embedded once per model per run whoever asks; a warm
+    cache never loads the model. Misses are encoded in one batched `encode_texts` call. `model` may instead
+    be any object with a sentence-transformers style `encode(texts, ...)`; its vectors are cached on this
     instance only.
     """
 
@@ -48,7 +91,7 @@ class TextEmbedder:
         self.model_path = model_path
         self.device = str(device)
         self._model = model
-        self._private: OrderedDict[str, Any] | None = OrderedDict() if model is not None else None
+        self._private: OrderedDict[bytes, Any] | None = OrderedDict() if model is not None else None
         self._id: str | None = None
         self.calls = 0
         """Number of `encode` calls that reached the model."""
@@ -73,42 +116,46 @@ class TextEmbedder:
             self._model = load_embedder(self.model_path, device=self.device)
         return self._model
 
-    def _cache(self) -> "OrderedDict[str, Any]":
-        if self._private is not None:
-            return self._private
-        with _SHARED_LOCK:
-            return _SHARED_VECTORS.setdefault(self.id, OrderedDict())
-
     def encode(self, texts: Sequence[str]):
         """A `(len(texts), dim)` float32 array of unit vectors (`(0, 0)` for no texts); only texts not
-        seen before reach the model, in one call."""
+        cached reach the model, in one batched call."""
         import numpy as np
+
+        from ctxkit.embedding_cache import count_encode, vector_cache, vector_key
 
         if not texts:
             return np.zeros((0, 0), dtype=np.float32)
-        cache = self._cache()
-        keys = [text_sha(t) for t in texts]
-        with _SHARED_LOCK:
-            found = {k: cache[k] for k in keys if k in cache}
-        missing: dict[str, str] = {}
+        mid = self.id
+        keys = [vector_key(mid, t) for t in texts]
+        shared = vector_cache(mid) if self._private is None else None
+        if shared is not None:
+            found = shared.get_many(keys)
+        else:
+            found = {k: self._private[k] for k in keys if k in self._private}
+        missing: dict[bytes, str] = {}
         for k, t in zip(keys, texts):
             if k not in found:
                 missing.setdefault(k, t)
         if missing:
-            vecs = self.model.encode(list(missing.values()), normalize_embeddings=True, convert_to_numpy=True,
-                                     show_progress_bar=False)
-            vecs = np.asarray(vecs, dtype=np.float32)
+            vecs = encode_texts(self.model, list(missing.values()))
             if vecs.ndim != 2 or vecs.shape[0] != len(missing):
-                raise ConfigError(f"embedder {self.id}: encode returned shape {vecs.shape} for {len(missing)} texts")
+                raise ConfigError(f"embedder {mid}: encode returned shape {vecs.shape} for {len(missing)} texts")
             self.calls += 1
             self.texts_encoded += len(missing)
-            with _SHARED_LOCK:
-                for k, v in zip(missing, vecs):
-                    found[k] = v
-                    cache[k] = v
-                while len(cache) > VECTOR_CACHE_SIZE:
-                    cache.popitem(last=False)
+            count_encode(len(missing))
+            new = dict(zip(missing, vecs))
+            found.update(new)
+            if shared is not None:
+                shared.put_many(new)
+            else:
+                self._private.update(new)
+                while len(self._private) > VECTOR_CACHE_SIZE:
+                    self._private.popitem(last=False)
         return np.ascontiguousarray(np.stack([found[k] for k in keys]))
+
+
+VECTOR_CACHE_SIZE = 50_000
+"""Most vectors kept by an embedder built around a given `model` object (the oldest dropped first)."""
 
 
 def chunk_text(text: str, max_chars: int) -> list[str]:

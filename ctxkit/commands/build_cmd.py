@@ -60,6 +60,9 @@ def register_build(subparsers) -> None:
     parser.add_argument("--write", action="store_true",
                         help="build the next turn on the log itself, appending detected pins and the compaction")
     parser.add_argument("--json", action="store_true", help="one JSON object per decision point")
+    parser.add_argument("--embedding-cache", default=None, metavar="DIR",
+                        help="folder of the on-disk embedding cache (summarize, retrieve), shared with other builds "
+                             "and runs that name it; e.g. a run's <run>/cache/embeddings (default: memory only)")
     parser.set_defaults(func=_build)
 
 
@@ -87,9 +90,12 @@ def decision_points(events) -> list[int]:
 
 def _build(args: argparse.Namespace) -> int:
     from ctxkit.builder import ContextBuilder
+    from ctxkit.embedding_cache import set_cache_dir
     from ctxkit.events import Compaction, EpisodeEnd
     from ctxkit.log import EventLog, MemoryLog, read_events
 
+    if args.embedding_cache is not None:
+        set_cache_dir(args.embedding_cache)
     builder = ContextBuilder(args.tokenizer, args.template, args.compressor, args.budget,
                              params=parse_params(args.param), detect_pins=not args.no_detect_pins,
                              reserve_tokens=args.reserve_tokens)

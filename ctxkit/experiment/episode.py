@@ -117,7 +117,15 @@ def _end(outcome: str, cause: str, reward: float | None, reward_kind: str, **sco
 
 
 def run_episode(config: ExperimentConfig, spec: EpisodeSpec, out_dir: str | Path) -> dict[str, Any]:
-    """Run one episode, write its log, and return its results row."""
+    """Run one episode, write its log, and return its results row. Embeddings go through the run's
+    on-disk cache (`<out_dir>/cache/embeddings`), shared by every arm, episode and worker of the run."""
+    from ctxkit.embedding_cache import run_cache_dir, using_cache_dir
+
+    with using_cache_dir(run_cache_dir(out_dir)):
+        return _run_episode(config, spec, out_dir)
+
+
+def _run_episode(config: ExperimentConfig, spec: EpisodeSpec, out_dir: str | Path) -> dict[str, Any]:
     from ctxkit.builder import ContextBuilder
     from ctxkit.log import EventLog
     from ctxkit.tokenizers import load_tokenizer
