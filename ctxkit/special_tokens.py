@@ -126,7 +126,8 @@ def _plain_backends(tokenizer: Any) -> tuple[Any, Any]:
         if hit is None:
             from tokenizers import Tokenizer as Backend
 
-            spec = json.loads(tokenizer.hf.backend_tokenizer.to_str())
+            backend = getattr(tokenizer, "backend", None) or tokenizer.hf.backend_tokenizer  # no transformers load
+            spec = json.loads(backend.to_str())
             spec["added_tokens"] = []
             start = Backend.from_str(json.dumps(spec))
             cont = Backend.from_str(json.dumps(_never_prepend(spec)))
