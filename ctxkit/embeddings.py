@@ -29,19 +29,21 @@ def text_sha(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-ENCODE_BATCH = 8
-"""Rows per model call in `encode_texts` (fixed: every text is computed in a batch of this shape)."""
+ENCODE_BATCH = 32
+"""Most texts per model call in `encode_texts`."""
 LENGTH_BUCKET = 32
-"""Token lengths are padded up to a multiple of this (at most the model's `max_seq_length`)."""
+"""Texts are padded to a multiple of this many tokens (at most the model's `max_seq_length`)."""
 
 
 def encode_texts(model: Any, texts: Sequence[str]):
-    """A `(len(texts), dim)` float32 array of unit vectors for `texts`, in one or more model calls.
+    """A `(len(texts), dim)` float32 array of unit vectors for `texts`, in as few model calls as the
+    length buckets allow.
 
-    For a sentence-transformers model each vector is a pure function of the model and its own text: texts
-    are grouped by padded length (`LENGTH_BUCKET`) and run in batches of exactly `ENCODE_BATCH` rows (filled
-    with empty texts), so a text's vector has the same bytes whatever it is batched with; plain `encode`
-    gives vectors that differ in the last bits with the batch's other texts. Any other object with a
+    For a sentence-transformers model each vector is a pure function of the model and its own text: every
+    text is padded to its own length rounded up to `LENGTH_BUCKET` tokens, texts of one bucket run
+    together (up to `ENCODE_BATCH` per call), and with that fixed width a row's bytes do not depend on how
+    many other rows share the call (checked in tests). Plain `encode` pads to the longest text of a batch,
+    which changes the last bits of a vector with its batch mates. Any other object with a
     sentence-transformers style `encode(texts, ...)` is called once, as it is.
     """
     import numpy as np
@@ -64,9 +66,8 @@ def encode_texts(model: Any, texts: Sequence[str]):
         for width, rows in sorted(groups.items()):
             for s in range(0, len(rows), ENCODE_BATCH):
                 chunk = rows[s:s + ENCODE_BATCH]
-                batch = [texts[i] for i in chunk] + [""] * (ENCODE_BATCH - len(chunk))
-                features = tokenizer(batch, truncation=True, max_length=width, padding="max_length",
-                                     return_tensors="pt")
+                features = tokenizer([texts[i] for i in chunk], truncation=True, max_length=width,
+                                     padding="max_length", return_tensors="pt")
                 features = {k: v.to(device) for k, v in features.items()}
                 emb = model.forward(features)["sentence_embedding"]
                 emb = torch.nn.functional.normalize(emb.float(), p=2, dim=1).cpu().numpy()

@@ -115,7 +115,7 @@ def minilm():
     return load_embedder()
 
 
-TEXTS = ["ok", "The quick brown fox jumps over the lazy dog near the river bank.", "x = 1\nprint(x)",
+TEXTS = ["ok", "fine", "also short", "The quick brown fox jumps over the lazy dog near the river bank.", "x = 1\nprint(x)",
          "error: file not found " * 12, "a much longer text about parsers, buffers and offsets " * 20, ""]
 
 
