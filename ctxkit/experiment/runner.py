@@ -227,9 +227,12 @@ def _prepare(config: ExperimentConfig, out: Path) -> tuple[list[EpisodeSpec], in
 # ---------------------------------------------------------------------------------------------- executors
 
 
-def _ignore_sigint() -> None:
-    """Pool worker initializer: Ctrl-C is the parent's to handle (it stops the workers), so no worker traceback."""
+def _init_worker(threads: int) -> None:
+    """Pool worker initializer: Ctrl-C is the parent's to handle (it stops the workers), so no worker traceback;
+    and the worker's share of the cores for torch (embeddings, local models), unless OMP_NUM_THREADS is set:
+    N workers each running one thread per core oversubscribe the machine many times over."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))  # read when torch is first imported in the worker
 
 
 def _run_local(config: ExperimentConfig, todo: list[EpisodeSpec], out: Path, workers: int,
@@ -239,8 +242,9 @@ def _run_local(config: ExperimentConfig, todo: list[EpisodeSpec], out: Path, wor
             done(run_episode(config, spec, out))
         return
     before = set(multiprocessing.active_children())
+    threads = max(1, (os.cpu_count() or 1) // workers)
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=_ignore_sigint)
+                               initializer=_init_worker, initargs=(threads,))
     try:
         pending = {pool.submit(run_episode, config, spec, out) for spec in todo}
         while pending:
