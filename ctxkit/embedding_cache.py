@@ -35,7 +35,7 @@ _HEAD = struct.Struct("<4sI32s")
 _CHECK_BYTES = 8
 MAX_DIM = 65_536
 """Largest vector dimension a record may claim (anything larger is corruption)."""
-MEMORY_LIMIT = 200_000
+MEMORY_LIMIT = 50_000
 """Most vectors kept in memory per model (the oldest dropped first; the disk keeps them all)."""
 
 _LOCK = threading.RLock()

@@ -234,7 +234,8 @@ class ExtractiveSummarizer:
         from ctxkit.embeddings import TextEmbedder
 
         self.embedder = TextEmbedder(model_path, device=str(device))
-        """The sentence embedder (vectors cached per sentence text, so re-summarizing is cheap)."""
+        """The sentence embedder (vectors cached by content hash, per process and in a run's on-disk cache,
+        so re-summarizing is cheap and a warm cache needs no model)."""
         self.version = self.VERSION
 
     @property

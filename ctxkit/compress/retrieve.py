@@ -5,7 +5,10 @@ that fit, dropping whole groups (no tool call or result is orphaned). Every chat
 the window (dropped, summarized or masked earlier) is a retrieval document: its text is cut into
 passages of at most `max_chars_per_item` characters and embedded ONCE (all-MiniLM-L6-v2 by default) into
 an incremental faiss index (`ctxkit.embeddings.PassageIndex`), kept on the compressor instance per
-episode, so a builder pays per turn only for the events that just left the window plus one query.
+episode, so a builder pays per turn only for the events that just left the window plus one query. The
+vectors come from the content-hash cache of `ctxkit.embedding_cache` (on disk under a run folder), so a
+passage another arm, episode or worker of the run embedded is not embedded again; they are the same bytes
+either way, so the cache never changes what is retrieved.
 
 The query is the newest user message plus the newest assistant or tool text. The `top_k` documents
 with the best passage scores come back as one block (a `RetrievedEdit`, placed by the view just
