@@ -373,20 +373,40 @@ def check_pins(view: View, rendered: Any, tok: Any) -> tuple[str, ...]:
 
 class _RenderCache:
     """Renders views with the generation prompt. Results are cached by view hash; a view whose messages
-    extend the last rendered view's (same message objects, in order) is rendered incrementally by H1's
-    `IncrementalRenderer` (only the new text is tokenized), any other view from scratch."""
+    extend the last rendered view's (same message objects, in order) is rendered incrementally by
+    `IncrementalRenderer` (only the new text is tokenized). Any other view (after a compaction) gets a
+    new renderer sharing one `ctxkit.render_segments.SegmentCache`: every message seen before is taken
+    prepared, and every piece of rendered text between turn openers seen before (an unchanged message
+    in the same position class) keeps its ids, so only new or changed text is tokenized. Templates that
+    are not local (`TemplateProfile.locality`: Qwen3, Mistral v0.3) are rendered whole each time; their
+    text is still cut into segments when the tokenizer allows it."""
 
     def __init__(self, tokenizer: Any, template: Any, size: int = 8, special_tokens: Any = None):
+        from ctxkit.render_segments import SegmentCache
+
         self.tokenizer = tokenizer
         self.special_tokens = special_tokens
         self.template = template
         self.size = size
+        self.segments = SegmentCache()
+        """Prepared messages and segment ids shared by every renderer of this cache."""
         self._cache: OrderedDict[str, Any] = OrderedDict()
+        self._chats: dict[ViewMessage, dict] = {}  # chat dicts of the messages of the last views
         self._base: Any = None  # the IncrementalRenderer of the last view rendered
         self._base_msgs: tuple[ViewMessage, ...] = ()
         self._base_tools: tuple[Any, ...] | None = None
 
+    def _chat(self, m: ViewMessage) -> dict:
+        chat = self._chats.get(m)
+        if chat is None:
+            chat = m.to_chat()
+            if len(self._chats) > 50_000:
+                self._chats.clear()
+            self._chats[m] = chat
+        return chat
+
     def render(self, view: View, *, cache: bool = True) -> Any:
+        """The `RenderedContext` of `view` with the generation prompt; ids equal a full `render()`."""
         hit = self._cache.get(view.hash) if cache else None
         if hit is not None:
             self._cache.move_to_end(view.hash)
@@ -402,9 +422,10 @@ class _RenderCache:
         if extends:
             renderer = self._base
         else:
-            renderer = IncrementalRenderer(self.tokenizer, self.template, list(view.tools) or None, self.special_tokens)
+            renderer = IncrementalRenderer(self.tokenizer, self.template, list(view.tools) or None, self.special_tokens,
+                                           segments=self.segments)
             n = 0
-        renderer.extend(m.to_chat() for m in msgs[n:])
+        renderer.extend(self._chat(m) for m in msgs[n:])
         out = renderer.render(add_generation_prompt=True)
         if cache:
             self._base, self._base_msgs, self._base_tools = renderer, msgs, view.tools

@@ -44,6 +44,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from ctxkit.chat_messages import message_text, validate_message
 from ctxkit.errors import MessageFormatError, RenderError, SpecialTokenError, TemplateError
 from ctxkit.render_mask import TextRegion, TurnLabeller
+from ctxkit.render_segments import SegmentCache, encode_segments, made_calls, message_key, safe_opener, strings_in
 from ctxkit.special_tokens import encode_escaped, find_special_tokens, resolve_special_tokens
 from ctxkit.template_locality import window_delta
 from ctxkit.template_profile import template_profile
@@ -126,8 +127,9 @@ class IncrementalRenderer(TurnLabeller):
     special-token boundary and relabels only what changed. Ids equal a full `render` every time."""
 
     def __init__(self, tokenizer, template: ChatTemplate | str | None = None, tools: Sequence[Mapping] | None = None,
-                 special_tokens: str | Mapping[str, str] | None = None):
+                 special_tokens: str | Mapping[str, str] | None = None, segments: SegmentCache | None = None):
         self.tokenizer: Tokenizer = load_tokenizer(tokenizer)
+        self.segments = segments  # caches shared with other renderers (`ctxkit.render_segments`), or None
         self._policy = resolve_special_tokens(special_tokens)
         self.special_tokens: Mapping[str, str] = dict(self._policy)
         """The policy role -> allow | escape | error (see `ctxkit.special_tokens`)."""
@@ -137,6 +139,7 @@ class IncrementalRenderer(TurnLabeller):
         self.tools = None if tools is None else list(tools)
         self._tools_plain = None if tools is None else plain_value(list(tools), "tools")
         self._profile = template_profile(self.tokenizer, self.template)
+        self._opener = safe_opener(self.tokenizer, self._profile.turn_opener) if segments is not None else None
         self._messages: list[dict] = []
         self._chat: list[dict] = []
         self._sampled: list[tuple[int, ...] | None] = []
@@ -187,9 +190,19 @@ class IncrementalRenderer(TurnLabeller):
     def append(self, message: Mapping[str, Any]) -> None:
         """Add one OpenAI message (validated; an assistant may carry sampled `token_ids`)."""
         index = len(self._messages)
-        clean, sampled = validate_message(message, index, self._call_ids, self.tokenizer.vocab_size)
-        chat = normalize_messages([clean])[0]
-        found = find_special_tokens(message_text(chat.get("content")), self.tokenizer)
+        key = message_key(message) if (cache := self.segments) is not None else None
+        hit = cache.prepared(key, message, self._call_ids) if key is not None else None
+        if hit is not None:
+            clean, sampled, chat, found, made, marked = hit
+            self._call_ids.update(made)
+        else:
+            clean, sampled = validate_message(message, index, self._call_ids, self.tokenizer.vocab_size)
+            chat = normalize_messages([clean])[0]
+            found = find_special_tokens(message_text(chat.get("content")), self.tokenizer)
+            marked = None
+            if key is not None and (made := made_calls(message)) is not None:
+                marked = any(m in s for s in strings_in(chat) for m in self._profile.markers)
+                cache.store(key, (clean, sampled, chat, found, made, marked))
         if found:
             role, policy = chat["role"], self._policy[chat["role"]]
             if policy == "error":
@@ -200,7 +213,9 @@ class IncrementalRenderer(TurnLabeller):
             self._specials[index] = found
             self._escape = self._escape or policy == "escape"
         if self._structural_ok and self._profile.markers:
-            if any(m in s for s in _strings_in(chat) for m in self._profile.markers):
+            if marked is None:
+                marked = any(m in s for s in strings_in(chat) for m in self._profile.markers)
+            if marked:
                 self._structural_ok = False
         self._messages.append(dict(message))
         self._n_assistant += chat.get("role") == "assistant"
@@ -240,14 +255,18 @@ class IncrementalRenderer(TurnLabeller):
         j = bisect.bisect_right(self._sp_ends, common)
         b = self._sp_ends[j - 1] if j else 0
         k = self._sp_tok[j - 1] if j else 0
-        new_ids, new_starts = self.tokenizer.encode_with_offsets(text[b:], at_start=(b == 0))
         del self._ids[k:], self._starts[k:], self._sp_ends[j:], self._sp_tok[j:]
-        special_len = self._special_len
-        for n in [n for n, tid in enumerate(new_ids) if tid in special_len]:  # specials are few
-            self._sp_ends.append(b + new_starts[n] + special_len[new_ids[n]])
-            self._sp_tok.append(k + n + 1)
-        self._ids.extend(new_ids)
-        self._starts.extend(map(b.__add__, new_starts)) if b else self._starts.extend(new_starts)
+        if self._opener is not None:  # segment by segment, re-using the ids of segments seen before
+            encode_segments(self.segments, self.tokenizer, text[b:], b, self._opener, self._special_len,
+                            (self._ids, self._starts, self._sp_ends, self._sp_tok))
+        else:
+            new_ids, new_starts = self.tokenizer.encode_with_offsets(text[b:], at_start=(b == 0))
+            special_len = self._special_len
+            for n in [n for n, tid in enumerate(new_ids) if tid in special_len]:  # specials are few
+                self._sp_ends.append(b + new_starts[n] + special_len[new_ids[n]])
+                self._sp_tok.append(k + n + 1)
+            self._ids.extend(new_ids)
+            self._starts.extend(map(b.__add__, new_starts)) if b else self._starts.extend(new_starts)
         self._text = text
         return b
 
@@ -273,7 +292,9 @@ class IncrementalRenderer(TurnLabeller):
         self.full_renders += 1
         if self._local:
             try:
-                self._core = (len(chat), self._render_text(chat, False) if agp else text)
+                cut = agp and self._prompt is not None and text.endswith(self._prompt)  # see Locality.prompt
+                self._core = (len(chat), text[: len(text) - len(self._prompt)] if cut
+                              else self._render_text(chat, False) if agp else text)
             except TemplateError:  # the template wants the prompt here: no window base this time
                 self._core = None
         return text
@@ -440,18 +461,6 @@ class IncrementalRenderer(TurnLabeller):
         self._hash_cp = (changed, h.copy())
         h.update(_int32_bytes(token_ids[changed:]))
         return h.hexdigest()
-
-
-def _strings_in(value: Any) -> Iterable[str]:
-    """Every string inside a nested dict/list value."""
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, Mapping):
-        for v in value.values():
-            yield from _strings_in(v)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            yield from _strings_in(v)
 
 
 def _int32_bytes(ids: Sequence[int]) -> bytes:
