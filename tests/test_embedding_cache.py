@@ -233,3 +233,33 @@ def test_a_run_with_a_warm_cache_records_what_a_cold_run_recorded(minilm, tmp_pa
         result = verify_log(cold / rel)
         assert result.ok and result.n_ok == result.n_steps > 0, rel
     assert encode_stats() == {"texts_encoded": 0, "encode_calls": 0}
+
+
+def test_build_all_steps_shares_the_cache_across_invocations(minilm, tmp_path, capsys):
+    from ctxkit.cli import main
+    from ctxkit.events import EpisodeStart, Message, ToolCall, ToolResult
+    from ctxkit.log import EventLog
+
+    log = EventLog.create(tmp_path / "ep.jsonl", durability="none")
+    log.extend([EpisodeStart(episode_id="ep-cache"), Message(role="system", content="You are a careful agent."),
+                Message(role="user", content="Find the vault access code in the logs.")])
+    for t in range(8):
+        call = ToolCall(id=f"c{t}", name="read_file", arguments=f'{{"path": "logs/{t}.txt"}}')
+        body = " ".join(f"Parser {t * 7 + i} filled buffer {i} at offset {t}." for i in range(12))
+        if t == 2:
+            body += " The vault access code is 4417-ZEBRA."
+        log.extend([Message(role="assistant", content=f"Reading log {t}.", tool_calls=(call,)),
+                    ToolResult(tool_call_id=f"c{t}", name="read_file", content=body)])
+    log.close()
+    args = ["build", str(tmp_path / "ep.jsonl"), "--tokenizer", str(tokenizer_dir("qwen2.5-instruct")), "--budget", "700",
+            "--all-steps", "--json", "--embedding-cache", str(tmp_path / "cache")]
+    outputs = []
+    for compressor in ("retrieve", "summarize"):
+        for _ in range(2):
+            clear_vector_caches()
+            assert main(args + ["--compressor", compressor]) == 0
+            outputs.append((capsys.readouterr().out, encode_stats()["texts_encoded"]))
+    (r_cold, r_cold_n), (r_warm, r_warm_n), (s_cold, s_cold_n), (s_warm, s_warm_n) = outputs
+    assert r_cold_n > 0 and r_warm_n == 0 and r_warm == r_cold and '"retrieved"' in r_cold
+    assert s_cold_n > 0 and s_warm_n == 0 and s_warm == s_cold and '"summary"' in s_cold
+    ec.set_cache_dir(None)  # the CLI set this process's cache root for its run
