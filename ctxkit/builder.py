@@ -11,7 +11,9 @@ the same ids and hash as the original build.
 
 Per-turn cost stays low: the view is kept incrementally (only new events are fed), token counts are
 cached per text by the tokenizer, renders are cached by view hash (a compressor's last measurement is
-the builder's render), and a view that extends the previous one is rendered incrementally.
+the builder's render), a view that extends the previous one is rendered incrementally, and any other
+view (after a compaction) re-uses the prepared messages and segment ids of earlier renders
+(`ctxkit.render_segments`), so only new or changed text is tokenized.
 """
 
 from __future__ import annotations
