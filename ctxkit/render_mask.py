@@ -246,6 +246,9 @@ class TurnLabeller:
             r.tokens = (a, z)
             r.span = None
             a = max(a, t0)
+            if r.kind == "content" and z > a and self._roles[a] != "scaffold":
+                a += 1  # a token already labelled by an earlier region keeps that label, so a full render
+                # and an incremental one (which never relabels tokens before its first new one) agree
             if z > a:
                 self._roles[a:z] = [r.role] * (z - a)
                 if r.kind == "produced":

@@ -154,3 +154,23 @@ def test_renderer_recovers_after_an_error(tmp_path):
     with pytest.raises(RenderError, match="message 3"):
         render(msgs + more, tok, str(path))
     assert inc.render(add_generation_prompt=True) == render(msgs + more, tok, str(path), add_generation_prompt=True)
+
+
+@pytest.mark.parametrize("policy", ["allow", "escape"])
+def test_a_token_shared_by_two_contents_keeps_its_first_label_in_both_paths(policy):
+    """Found by the property above: a tool output ':' followed by a user turn '\\n'. cl100k merges ':' with
+    the template's newline into one token, and the user's '\\n' is also found there; the full render and the
+    incremental one (which never relabels tokens before its first new one) must label that token alike."""
+    tok = load_tokenizer("tiktoken:cl100k_base")
+    msgs = [{"role": "assistant", "content": "", "tool_calls": [
+                {"id": "c0", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c0", "content": ":"}]
+    inc = IncrementalRenderer(tok, "chatml-tools-v1", special_tokens=policy)
+    inc.extend(msgs)
+    inc.render()
+    msgs.append({"role": "user", "content": "\n"})
+    inc.append(msgs[-1])
+    full = render(msgs, tok, "chatml-tools-v1", special_tokens=policy)
+    assert inc.render() == full
+    shared = next(i for i, t in enumerate(full.token_ids) if tok.decode([t]) == ":\n")
+    assert full.roles[shared] == "tool"
