@@ -74,6 +74,22 @@ def check_choice(kind: str, field_name: str, value: Any, allowed: tuple, *, opti
     raise EventFormatError(kind, field_name, value, ((None,) if optional else ()) + tuple(allowed))
 
 
+CLOSED_FIELDS: dict[str, tuple[tuple[str, tuple, bool], ...]] = {
+    "message": (("role", ROLES, False),),
+    "step": (("logprob_kind", LOGPROB_KINDS, True), ("finish_reason", FINISH_REASONS, True)),
+    "tool_result": (("status", TOOL_STATUSES, False),),
+    "episode_end": (("outcome", END_OUTCOMES, False), ("reward_kind", REWARD_KINDS, False)),
+}
+"""Event kind -> (field, allowed values, None allowed) of each closed-vocabulary field."""
+
+
+def check_vocabulary(event: Any) -> None:
+    """`EventFormatError` if a closed-vocabulary field of `event` holds a value outside its vocabulary: the
+    check an event passed when it was built, run again where a log records it (a frozen dataclass can be
+    forced with `object.__setattr__`)."""
+    for name, allowed, optional in CLOSED_FIELDS.get(event.kind, ()):
+        check_choice(event.kind, name, getattr(event, name), allowed, optional=optional)
+
 @dataclass(frozen=True)
 class ToolCall:
     """One tool call inside an assistant message."""

@@ -16,7 +16,7 @@ from typing import Any, Iterable
 import orjson
 
 from ctxkit.errors import ConfigError
-from ctxkit.events import EVENT_TYPES, Event, event_from_dict, event_to_dict
+from ctxkit.events import EVENT_TYPES, Event, check_vocabulary, event_from_dict, event_to_dict
 from ctxkit.logfile import canonical, check_finite
 
 _EVENT_CLASSES = tuple(EVENT_TYPES.values())
@@ -35,6 +35,7 @@ def stamp(events: Iterable[Event], first_seq: int, ts: float) -> list[tuple[Even
         if event.seq is not None or event.id is not None:
             raise ConfigError(f"event {i} ({event.kind}) already has seq={event.seq!r}, id={event.id!r}; "
                               "append events you built (seq and id None), not recorded ones")
+        check_vocabulary(event)
         seq = first_seq + len(out)
         where = f"event {seq} ({event.kind})"
         as_dict = event_dict(event)
