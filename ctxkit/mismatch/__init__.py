@@ -1,0 +1,17 @@
+"""Measure the log-prob mismatch between the engine that sampled and a trainer-side recompute.
+
+`measure(logs, model=..., device=..., dtype=...)` replays each step's context from the log, re-scores the
+sampled tokens with a `transformers` forward pass under the recorded sampling transform, and returns the
+report (`render_text` for markdown, `write_plot` for a PNG). Modules: `scoring` (replay + forward pass),
+`stats` (quantiles, buckets, correction shares, the trap), `report` (text, plot), `measure` (the whole).
+
+Layer L4.
+"""
+
+from ctxkit.mismatch.measure import MismatchResult, measure
+from ctxkit.mismatch.report import render_text, write_plot
+from ctxkit.mismatch.scoring import ScoredStep, processed_logprobs, score_logs
+from ctxkit.mismatch.stats import analyze, quantiles
+
+__all__ = ["MismatchResult", "ScoredStep", "analyze", "measure", "processed_logprobs", "quantiles", "render_text",
+           "score_logs", "write_plot"]
