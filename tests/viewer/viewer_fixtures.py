@@ -1,0 +1,160 @@
+"""Inputs for the viewer tests: a small ablation run folder (scripted agents), an imported real trajectory,
+the 200-step synthetic episode as a real log with compactions, a log whose replay fails at one step, and
+headless Chromium through Playwright (Debian's /usr/bin/chromium; never a browser download)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+from conftest import missing_fixture, shared_path, tokenizer_dir
+from ctxkit.cli import main
+
+CHROMIUM = os.environ.get("CTXKIT_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--no-first-run"]
+SIZE_BOUND_200 = 5_000_000
+"""Bound on the 200-step (~70k-token) episode's page, bytes (measured 3.5 MB)."""
+
+
+def run_toml() -> str:
+    """Two arms (window; mask-then-window with pins) x two tasks x one seed, scripted agents: a few seconds."""
+    return f"""
+name = "viewer"
+tokenizer = "{tokenizer_dir('qwen2.5-instruct')}"
+seeds = [0]
+budget = 900
+baseline = "window"
+[limits]
+max_steps = 20
+max_context = 900
+wall_time_s = 120.0
+[agents.scripted]
+[tasks.constraint-edit]
+n_files = 4
+lines_per_file = 8
+[tasks.needle-recall]
+n_files = 4
+lines_per_file = 8
+[[arms]]
+name = "window"
+compressor = "window"
+params = {{ keep_first = 1 }}
+pins = false
+[[arms]]
+name = "mask+pins"
+compressor = "mask-then-window"
+[report]
+bootstrap_resamples = 200
+"""
+
+
+def make_run(tmp: Path) -> Path:
+    """A run folder written by `ctxkit ablate` (report and plots included)."""
+    cfg = tmp / "viewer.toml"
+    cfg.write_text(run_toml())
+    out = tmp / "run"
+    assert main(["ablate", str(cfg), "--out", str(out), "--no-progress"]) == 0
+    return out
+
+
+def import_tau(tmp: Path) -> Path:
+    """The first tau-bench airline episode imported with `ctxkit import` (offline steps, Qwen2.5)."""
+    out = tmp / "tau.jsonl"
+    assert main(["import", str(shared_path("trajectories", "tau-bench__gpt-4o-airline.json")), "--select", "0",
+                 "--tools", str(shared_path("trajectories", "tau-bench__airline_tools.json")),
+                 "--tokenizer", str(tokenizer_dir("qwen2.5-instruct")), "-o", str(out)]) == 0
+    return out
+
+
+def make_long_episode(path: Path, *, turns: int = 200, compressor: str = "mask-then-window", budget: int = 16_000) -> Path:
+    """The synthetic benchmark episode (`ctxkit.benchmarks`, ~70k Qwen2.5 tokens at 200 turns) driven through
+    a real `ContextBuilder`: every step records the hash of the context built for it, compactions included."""
+    from ctxkit.benchmarks.workload import synthetic_workload
+    from ctxkit.builder import ContextBuilder
+    from ctxkit.events import EpisodeEnd
+    from ctxkit.log import EventLog
+    from ctxkit.templates import load_template
+    from ctxkit.tokenizers import load_tokenizer
+
+    tok = load_tokenizer(str(tokenizer_dir("qwen2.5-instruct")))
+    wl = synthetic_workload(turns, tok, load_template(None, tok))
+    builder = ContextBuilder(tok, compressor=compressor, budget=budget)
+    log = EventLog.create(path, durability="none")
+    head = list(wl.head)
+    head[0] = dataclasses.replace(head[0], context=builder.describe(), sampler={"temperature": 0.7, "seed": 0})
+    log.extend(head)
+    for turn in wl.turns:
+        ctx = builder.build(log)
+        n = len(turn[0].token_ids)
+        step = dataclasses.replace(turn[0], context_hash=ctx.hash, context_length=ctx.n_tokens,
+                                   logprobs=tuple(-0.05 * (i % 40) for i in range(n)), logprob_kind="processed",
+                                   sampling={"temperature": 0.7, "top_p": 0.95, "seed": 0},
+                                   timings={"build": 0.002, "prefill": 0.05, "decode": 0.2}, finish_reason="tool_calls")
+        log.extend([step, *turn[1:]])
+    log.append(EpisodeEnd(outcome="truncated", cause="max_steps"))
+    log.close()
+    return path
+
+
+def break_step(src: Path, dst: Path, index: int) -> Path:
+    """A copy of the log at `src` whose step `index` records a wrong context hash (its replay fails)."""
+    from ctxkit.events import Step
+    from ctxkit.log import EventLog, read_events, read_header
+
+    events, k = [], 0
+    for e in read_events(src):
+        e = dataclasses.replace(e, seq=None, id=None, ts=None)
+        if isinstance(e, Step):
+            if k == index:
+                e = dataclasses.replace(e, context_hash="0" * 64)
+            k += 1
+        events.append(e)
+    log = EventLog.create(dst, episode_id=read_header(src).get("episode_id"))
+    log.extend(events)
+    log.close()
+    return dst
+
+
+def browser() -> Any:
+    """`(playwright, browser)`: headless Debian Chromium, or skip (fail under CTXKIT_REQUIRE_FIXTURES=1)."""
+    if not Path(CHROMIUM).exists():
+        missing_fixture(f"{CHROMIUM} (Debian's chromium; test.sh installs it)")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        missing_fixture("python package 'playwright' is not installed (pip install -e '.[test]')")
+    pw = sync_playwright().start()
+    return pw, pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+
+
+class PageProbe:
+    """A Playwright page that records console errors, page errors and every request that is not file/data."""
+
+    def __init__(self, browser: Any, width: int = 1360, height: int = 900):
+        self.page = browser.new_page(viewport={"width": width, "height": height})
+        self.errors: list[str] = []
+        self.external: list[str] = []
+        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.route("**/*", self._route)
+
+    def _route(self, route: Any) -> None:
+        url = route.request.url
+        if url.startswith(("file:", "data:")):
+            route.continue_()
+        else:
+            self.external.append(url)
+            route.abort()
+
+    def open(self, path: Path, fragment: str = "") -> Any:
+        """Load the page from disk and wait for its first render."""
+        self.page.goto(path.resolve().as_uri() + fragment)
+        self.page.wait_for_selector("body[data-ready='1']", timeout=30_000)
+        return self.page
+
+    def close(self) -> None:
+        """Close the page."""
+        self.page.close()
