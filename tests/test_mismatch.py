@@ -1,0 +1,135 @@
+"""ctxkit.mismatch: quantiles, buckets, correction shares and the trap on hand-built steps (exact values),
+the llama.cpp transform order, CLI errors, and (slow) the control: transformers sampling vs its own
+recompute on a real SmolLM2 log, ratios within 1e-4 of 1."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ctxkit.cli import main
+from ctxkit.errors import ConfigError
+from ctxkit.mismatch import ScoredStep, analyze, processed_logprobs, quantiles
+from ctxkit.mismatch.stats import bucketize, kind_stats, trap_stats
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _step(index, context_length, behaviour, recomputed, *, kind="processed", raw=None, rec_raw=None, sampling=None, log="a.jsonl"):
+    behaviour = np.asarray(behaviour, dtype=np.float64)
+    recomputed = np.asarray(recomputed, dtype=np.float64)
+    return ScoredStep(
+        log=log, episode_id="ep", index=index, seq=10 + index, context_length=context_length,
+        token_ids=tuple(range(100, 100 + len(behaviour))), logprob_kind=kind, behaviour=behaviour,
+        behaviour_raw=None if raw is None else np.asarray(raw, dtype=np.float64),
+        recomputed_raw=recomputed if rec_raw is None else np.asarray(rec_raw, dtype=np.float64),
+        recomputed_processed=recomputed, sampling=sampling or {"temperature": 1.0},
+    )
+
+
+def test_quantiles_are_numpy_linear_over_finite_values():
+    assert quantiles(np.arange(101)) == {"p1": 1.0, "p5": 5.0, "p25": 25.0, "p50": 50.0, "p75": 75.0, "p95": 95.0, "p99": 99.0}
+    assert quantiles([1.0, 2.0, 3.0, 4.0, math.inf, -math.inf], (0.25, 0.5)) == {"p25": 1.75, "p50": 2.5}
+    assert quantiles([math.nan], (0.5,)) == {"p50": None}
+
+
+def test_buckets():
+    assert bucketize([0, 127, 128, 4095, 4096, 9000]) == ["0-127", "0-127", "128-255", "2048-4095", "4096+", "4096+"]
+    with pytest.raises(ConfigError, match="must be increasing and start at 0"):
+        bucketize([1], edges=(5, 10))
+
+
+def test_kind_stats_exact_on_hand_built_steps():
+    a = _step(0, 10, [-1.0, -1.0, -1.0], [-1.0, -1.0 + math.log(3.0), -1.0 - math.log(4.0)])  # ratios 1, 3, 0.25
+    b = _step(1, 200, [-0.5, -0.5], [-0.5 + math.log(2.0), -0.5 + math.log(2.0)], log="b.jsonl")  # ratios 2, 2
+    k = kind_stats([a, b], clip=2.0, mask_low=0.5, mask_high=2.0, top=2, decode=lambda t: f"<{t}>")
+    assert (k["steps"], k["tokens"], k["non_finite_diffs"]) == (2, 5, 0)
+    assert k["max_abs_diff"] == pytest.approx(math.log(4.0), abs=1e-15)
+    assert k["tis"] == {"clip": 2.0, "token_share": 0.2, "tokens": 1, "sequence_share": 0.5, "sequences": 1}
+    assert k["token_mask"] == {"low": 0.5, "high": 2.0, "token_share": 0.4, "tokens": 2, "sequence_share": 0.5, "sequences": 1}
+    # sequence ratios: a = 3 * 0.25 = 0.75 (kept), b = 2 * 2 = 4 > 3 (masked, its 2 of 5 tokens)
+    assert k["sequence_mask"] == {"clip_max": 3.0, "clip_min": None, "sequence_share": 0.5, "sequences": 1, "token_share": 0.4}
+    assert [(e["position"], e["token_id"], e["text"], e["log"], e["step"]) for e in k["extremes"]] == [
+        (12, 102, "<102>", "a.jsonl", 0), (11, 101, "<101>", "a.jsonl", 0)]
+    assert k["extremes"][0]["ratio"] == pytest.approx(0.25, rel=1e-12)
+    assert [(r["bucket"], r["tokens"]) for r in k["by_position"]] == [("0-127", 3), ("128-255", 2)]
+    assert [(r["bucket"], r["tokens"]) for r in k["by_sequence_length"]] == [("0-127", 3), ("128-255", 2)]
+    assert k["by_position"][0]["tis_share"] == pytest.approx(1 / 3, rel=1e-12)
+    assert k["by_position"][1]["ratio_p50"] == pytest.approx(2.0, rel=1e-12)
+    assert k["ratio_quantiles"]["p50"] == pytest.approx(2.0, rel=1e-12)
+
+
+def test_trap_counts_actions_outside_the_kept_support():
+    hot = {"temperature": 0.7, "top_p": 0.9, "order": "hf"}
+    s = _step(0, 5, [-0.2, -3.0], [-0.1, -math.inf], raw=[-0.5, -3.0], rec_raw=[-0.5, -3.0], sampling=hot)
+    cold = _step(1, 5, [-1.0], [-1.0], raw=[-1.0])  # identity transform: not part of the trap
+    t = trap_stats([s, cold])
+    assert (t["steps"], t["tokens"], t["outside_support"], t["outside_support_share"]) == (1, 2, 1, 0.5)
+    assert t["sampling"] == [{"min_p": None, "order": "hf", "temperature": 0.7, "top_k": None, "top_p": 0.9}]
+    # trap ratios exp(-0.1 + 0.5) and exp(-inf) = 0: a ratio of 0 is a value, not dropped
+    assert t["trap_ratio_quantiles"]["p50"] == pytest.approx(math.exp(0.4) / 2, rel=1e-12)
+    assert t["matched_ratio_quantiles"]["p50"] == 1.0
+    assert (t["trap_token_mask_share"], t["matched_token_mask_share"]) == (0.5, 0.0)
+    assert trap_stats([cold])["note"].startswith("no step with a non-identity sampling transform")
+    report = analyze([s, cold])
+    assert sorted(report["kinds"]) == ["processed", "raw (recorded beside processed)"]
+
+
+def test_llama_cpp_order_filters_before_the_temperature():
+    logits = np.array([2.0, 1.0, 0.0, -1.0])
+    cfg = {"temperature": 0.5, "top_p": 0.8}
+    # llama.cpp: top-p on the temperature-1 distribution keeps ids 0 and 1 (0.644 < 0.8), then logits / 0.5
+    got = processed_logprobs(logits, {**cfg, "order": "llama.cpp", "top_k": 0})
+    assert got[0] == pytest.approx(-math.log1p(math.exp(-2.0)), rel=1e-12)
+    assert got[1] == pytest.approx(-2.0 - math.log1p(math.exp(-2.0)), rel=1e-12)
+    assert np.isneginf(got[2:]).all()
+    # transformers order: temperature first (p0 = 0.867 >= 0.8), so top-p keeps id 0 alone
+    hf = processed_logprobs(logits, {**cfg, "order": "hf"})
+    assert hf[0] == 0.0 and np.isneginf(hf[1:]).all()
+    with pytest.raises(ConfigError, match=r"sampling.order='sglang': unknown"):
+        processed_logprobs(logits, {"order": "sglang"})
+
+
+def test_cli_errors_name_what_and_where(tmp_path, capsys):
+    missing = tmp_path / "nope.jsonl"
+    assert main(["mismatch", str(missing), "--model", "default"]) == 2
+    assert f"mismatch: log {missing} does not exist" in capsys.readouterr().err
+    assert main(["mismatch", str(missing), "--model", "default", "--mask-low", "3"]) == 2
+    assert "--mask-low 3 > --mask-high 2" in capsys.readouterr().err
+    assert main(["mismatch", str(missing), "--model", "default", "--clip", "-1"]) == 2
+    assert "argument --clip: expected a finite number > 0, got '-1'" in capsys.readouterr().err
+
+
+def _runs_module():
+    spec = importlib.util.spec_from_file_location("mismatch_runs", REPO / "scripts" / "mismatch_runs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_control_transformers_sampling_vs_its_own_recompute(tmp_path, hf_tokenizer_paths):
+    pytest.importorskip("torch")
+    pytest.importorskip("gguf")
+    runs = _runs_module()
+    runs.TOKENIZER = hf_tokenizer_paths["smollm2-135m-instruct"]
+    logs = runs.run("transformers", tmp_path / "logs", episodes=1, steps=2, temperature=0.7, top_p=0.9,
+                    max_new_tokens=12, threads=1)
+    out_json, out_png = tmp_path / "m.json", tmp_path / "m.png"
+    assert main(["mismatch", *map(str, logs), "--model", "default", "--json", str(out_json), "--plot", str(out_png)]) == 0
+    report = json.loads(out_json.read_text())
+    assert report["header"]["dtype"] == "float32" and report["header"]["steps"] == 2
+    for kind in ("processed", "raw (recorded beside processed)"):
+        k = report["kinds"][kind]
+        assert k["non_finite_diffs"] == 0
+        assert k["max_abs_diff"] < 1e-4, kind
+        assert all(abs(v - 1.0) < 1e-4 for v in k["ratio_quantiles"].values()), kind
+        assert (k["tis"]["tokens"], k["token_mask"]["tokens"], k["sequence_mask"]["sequences"]) == (0, 0, 0)
+    trap = report["trap"]
+    assert trap["steps"] == 2 and trap["outside_support"] == 0
+    assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
