@@ -32,15 +32,29 @@ import urllib.error
 import urllib.request
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from ctxkit.errors import ConfigError, CtxkitError
-from ctxkit.events import FINISH_REASONS, ToolCall
+from ctxkit.errors import ConfigError
 from ctxkit.experiment.agents.base import AgentTurn
-from ctxkit.experiment.agents.parsing import END_OF_TURN_TOKENS, end_of_turn_ids, make_call_id, parse_text
+from ctxkit.experiment.agents.llama_wire import check_pieces, completion_body, token_drift
+from ctxkit.experiment.agents.openai_wire import (
+    ENGINE_FINISH_REASONS,
+    OpenAIHTTPError,
+    OpenAITimeoutError,
+    completion_ids,
+    engine_finish_reason,
+    engine_record,
+    first_choice,
+    float_list,
+    int_list,
+    server_call,
+    wire_message,
+)
+from ctxkit.experiment.agents.parsing import END_OF_TURN_TOKENS, end_of_turn_ids, parse_text
 
 if TYPE_CHECKING:  # pragma: no cover
     from ctxkit.builder import BuiltContext
 
-__all__ = ["OpenAIAgent", "OpenAIHTTPError", "OpenAITimeoutError", "LOGPROBS_MODES"]
+__all__ = ["OpenAIAgent", "OpenAIHTTPError", "OpenAITimeoutError", "LOGPROBS_MODES", "DIALECTS", "ENGINE_FINISH_REASONS",
+           "engine_finish_reason"]
 
 LOGPROBS_MODES: dict[str, str] = {
     "raw": "raw",
@@ -50,50 +64,14 @@ LOGPROBS_MODES: dict[str, str] = {
 }
 """`server_logprobs_mode` values (ours and vLLM's `--logprobs-mode` names) -> the recorded `logprob_kind`."""
 
+DIALECTS: tuple[str, ...] = ("vllm", "llama-cpp")
+"""Server dialects: `vllm` (also SGLang: token-id prompts, `return_token_ids`) and `llama-cpp`
+(`llama-cpp-python`'s server: text prompts checked against the context, see `llama_wire`)."""
+
 ON_TIMEOUT = ("abort", "raise")
 """What a timed-out request does: return an `abort` turn, or raise `OpenAITimeoutError`."""
 
 _BODY_EXCERPT = 500
-
-
-ENGINE_FINISH_REASONS: dict[str, str] = {
-    "eos_token": "stop", "stop_sequence": "stop", "end_turn": "stop", "max_tokens": "length", "tool_use": "tool_calls",
-}
-"""Other engines' finish reasons (TGI `eos_token`/`stop_sequence`, Anthropic-style `end_turn`/`max_tokens`/
-`tool_use`) mapped onto the OpenAI/vLLM vocabulary that `Step.finish_reason` holds (`events.FINISH_REASONS`)."""
-
-
-def engine_finish_reason(value: Any, *, url: str) -> str:
-    """The server's `finish_reason` in the `Step` vocabulary: missing means `stop`; a known dialect is mapped;
-    anything else is an `OpenAIHTTPError` naming the value, so an unknown reason is never silently recorded."""
-    if value is None or value == "":
-        return "stop"
-    reason = ENGINE_FINISH_REASONS.get(str(value), str(value))
-    if reason not in FINISH_REASONS:
-        raise OpenAIHTTPError(f"malformed response: finish_reason {value!r} is neither one of {list(FINISH_REASONS)} "
-                              f"nor a known dialect ({sorted(ENGINE_FINISH_REASONS)})", url=url, status=200)
-    return reason
-
-
-class OpenAIHTTPError(CtxkitError):
-    """A request to the inference server failed: HTTP error status, no connection, or a malformed answer."""
-
-    def __init__(self, message: str, *, url: str, status: int | None = None):
-        where = f"POST {url}" + (f" -> HTTP {status}" if status is not None else "")
-        super().__init__(f"{where}: {message}")
-        self.url = url
-        """The URL requested."""
-        self.status = status
-        """The HTTP status (None when there was no HTTP answer)."""
-
-
-class OpenAITimeoutError(OpenAIHTTPError):
-    """The server did not answer within `timeout_s`."""
-
-    def __init__(self, *, url: str, timeout_s: float, elapsed_s: float):
-        super().__init__(f"no answer within timeout_s={timeout_s} (gave up after {elapsed_s:.3f}s)", url=url)
-        self.timeout_s = timeout_s
-        self.elapsed_s = elapsed_s
 
 
 class OpenAIAgent:
@@ -121,20 +99,23 @@ class OpenAIAgent:
         on_timeout: str = "abort",
         policy_version: str | int | None = None,
         extra_body: Mapping[str, Any] | None = None,
+        dialect: str = "vllm",
         **unknown: Any,
     ):
         """`base_url` is the server root (`http://host:8000`, a trailing `/v1` is accepted); `model` the served
         model name. `tokenizer` (a `ctxkit.tokenizers.Tokenizer` or spec) is the one contexts are built with:
         it gives the default `stop_token_ids` (its end-of-turn ids) and re-tokenizes text when a server
         returns no ids. `api_key` or `api_key_env` (the name of an environment variable holding it) set the
-        bearer token. `extra_body` is merged into every request. `template`/`task` are accepted per the
+        bearer token. `extra_body` is merged into every request. `dialect` is `vllm` (default; SGLang too) or
+        `llama-cpp` (text prompts, see `llama_wire`; needs `tokenizer`). `template`/`task` are accepted per the
         agent construction contract and unused.
         """
         if unknown:
             raise ConfigError(
                 f"openai agent: unknown parameter(s) {sorted(unknown)}; allowed: base_url, model, api_key, api_key_env, "
                 "temperature, top_p, top_k, min_p, max_tokens, timeout_s, use_token_ids, server_logprobs_mode, "
-                "stop_token_ids, on_timeout, policy_version, extra_body"
+                "stop_token_ids, on_timeout, policy_version, extra_body, dialect (and, in an experiment config, server, "
+                "server_model, n_ctx, server_threads, server_start_timeout_s)"
             )
         if base_url is None or model is None:
             raise ConfigError(f"openai agent: {'base_url' if base_url is None else 'model'} is required")
@@ -148,6 +129,13 @@ class OpenAIAgent:
         if not isinstance(model, str) or not model:
             raise ConfigError(f"openai agent: model={model!r} must be the served model name")
         self.model = model
+        if dialect not in DIALECTS:
+            raise ConfigError(f"openai agent: dialect={dialect!r}; allowed {list(DIALECTS)}")
+        self.dialect = dialect
+        """`vllm` or `llama-cpp`: how requests are shaped and answers read."""
+        if dialect == "llama-cpp" and server_logprobs_mode not in ("raw", "raw_logprobs"):
+            raise ConfigError(f"openai agent: server_logprobs_mode={server_logprobs_mode!r} with dialect='llama-cpp': "
+                              "llama-cpp-python returns raw log-probs only (a log-softmax of the logits before sampling)")
         if server_logprobs_mode not in LOGPROBS_MODES:
             raise ConfigError(
                 f"openai agent: server_logprobs_mode={server_logprobs_mode!r}; allowed {sorted(LOGPROBS_MODES)} "
@@ -192,22 +180,38 @@ class OpenAIAgent:
             self.stop_token_ids = tuple(int(t) for t in stop_token_ids)
         else:
             self.stop_token_ids = end_of_turn_ids(self.tokenizer) if self.tokenizer is not None else ()
+        if dialect == "llama-cpp" and self.tokenizer is None:
+            raise ConfigError("openai agent: dialect='llama-cpp' needs the context tokenizer (the server takes text)")
         self.extra_body = dict(extra_body or {})
         self.policy_version = policy_version if policy_version is not None else model
         self.name = f"openai:{model}"
 
     @classmethod
     def check_params(cls, params: Mapping[str, Any]) -> None:
-        """Validate an agent table without contacting the server (the runner calls this before any episode)."""
-        cls(**dict(params))
+        """Validate an agent table without contacting the server (the runner calls this before any episode).
+
+        A table with `server = "llama-cpp"` is checked with a placeholder URL: the runner starts the server."""
+        from ctxkit.experiment.engine_server import server_spec
+
+        spec, rest = server_spec(params, where="openai agent")
+        if spec is not None:
+            if rest.pop("dialect", "llama-cpp") != "llama-cpp":
+                raise ConfigError("openai agent: server = \"llama-cpp\" speaks dialect 'llama-cpp'; drop the dialect key")
+            if rest.get("server_logprobs_mode", "raw") not in ("raw", "raw_logprobs"):
+                raise ConfigError("openai agent: llama-cpp-python returns raw log-probs only; drop server_logprobs_mode")
+            rest = {**rest, "base_url": "http://127.0.0.1:1", "model": spec.alias}  # the tokenizer comes at build time
+        cls(**rest)
 
     # ------------------------------------------------------------------------------------------ acting
 
     def act(self, context: "BuiltContext", *, tools: Sequence[Mapping[str, Any]] = (), seed: int) -> AgentTurn:
-        """Ask the server for the next turn: token ids to `/v1/completions`, or messages to `/v1/chat/completions`."""
+        """Ask the server for the next turn: token ids to `/v1/completions` (llama-cpp: the ids' text, checked), or
+        messages to `/v1/chat/completions`."""
+        if self.dialect == "llama-cpp":
+            return self.complete_text(context.token_ids, seed=seed, call_id_seed=context.hash)
         if self.use_token_ids:
             return self.complete_ids(context.token_ids, seed=seed, call_id_seed=context.hash)
-        messages = [_wire_message(m.to_chat()) for m in context.view.messages]
+        messages = [wire_message(m.to_chat()) for m in context.view.messages]
         return self.chat(messages, tools=tools, seed=seed, context_ids=context.token_ids, call_id_seed=context.hash)
 
     def complete_ids(self, token_ids: Sequence[int], *, seed: int, call_id_seed: str = "") -> AgentTurn:
@@ -235,13 +239,13 @@ class OpenAIAgent:
         payload, elapsed = self._post(url, body)
         if payload is None:
             return self._aborted(seed, elapsed, "completions")
-        choice = _first_choice(payload, url)
+        choice = first_choice(payload, url)
         text = choice.get("text")
         if not isinstance(text, str):
             raise OpenAIHTTPError(f"malformed response: choices[0].text is {type(text).__name__}, not a string", url=url, status=200)
         lp_block = choice.get("logprobs") or {}
-        ids, source = _completion_ids(choice, lp_block, url)
-        logprobs = _float_list(lp_block.get("token_logprobs"), "choices[0].logprobs.token_logprobs", url)
+        ids, source = completion_ids(choice, lp_block, url)
+        logprobs = float_list(lp_block.get("token_logprobs"), "choices[0].logprobs.token_logprobs", url)
         if ids is None:
             ids, source, logprobs = self._retokenize(text, choice, url), "retokenized", None
         if logprobs is not None and len(logprobs) != len(ids):
@@ -249,7 +253,52 @@ class OpenAIAgent:
                 f"malformed response: {len(logprobs)} log-probs for {len(ids)} token ids", url=url, status=200
             )
         server_prompt = choice.get("prompt_token_ids", payload.get("prompt_token_ids"))
-        engine = _engine_record("completions", source, prompt, server_prompt, self.logprob_kind)
+        engine = engine_record("completions", source, prompt, server_prompt, self.logprob_kind)
+        parsed = parse_text(self._text_of(ids, text), call_id_seed=call_id_seed)
+        return self._turn(ids, logprobs, parsed.content, parsed.tool_calls, parsed.reasoning_content, choice, seed, elapsed, engine)
+
+    def complete_text(self, token_ids: Sequence[int], *, seed: int, call_id_seed: str = "") -> AgentTurn:
+        """llama-cpp dialect: send the text of `token_ids` to `/v1/completions`; check the server's prompt ids
+        (`/extras/tokenize`) and the sampled ids (re-tokenized, checked piece by piece); drift is recorded in
+        `sampling["engine"]`, never hidden (see `llama_wire`)."""
+        prompt_ids = [int(t) for t in token_ids]
+        if not prompt_ids:
+            raise ConfigError("openai agent: the context is empty (0 token ids)")
+        prompt = self.tokenizer.decode(prompt_ids)
+        tok_url = f"{self.base_url}/extras/tokenize"
+        answer, _ = self._post(tok_url, {"model": self.model, "input": prompt})
+        if answer is None:
+            return self._aborted(seed, self.timeout_s, "completions")
+        if not isinstance(answer, Mapping):
+            raise OpenAIHTTPError("malformed response: not a JSON object", url=tok_url, status=200)
+        server_prompt = int_list(answer.get("tokens"), "tokens", tok_url)
+        url = self._url("completions")
+        extra = {**self.extra_body, **self.sampling_params}
+        payload, elapsed = self._post(url, completion_body(self.model, prompt, max_tokens=self.max_tokens,
+                                                           sampling=extra, seed=seed))
+        if payload is None:
+            return self._aborted(seed, elapsed, "completions")
+        choice = first_choice(payload, url)
+        text = choice.get("text")
+        if not isinstance(text, str):
+            raise OpenAIHTTPError(f"malformed response: choices[0].text is {type(text).__name__}, not a string", url=url, status=200)
+        lp_block = choice.get("logprobs") or {}
+        logprobs = float_list(lp_block.get("token_logprobs"), "choices[0].logprobs.token_logprobs", url)
+        pieces = lp_block.get("tokens")
+        if not isinstance(pieces, list) or logprobs is None or len(pieces) != len(logprobs):
+            raise OpenAIHTTPError("malformed response: choices[0].logprobs.tokens/token_logprobs missing or unaligned",
+                                  url=url, status=200)
+        ids = list(self.tokenizer.encode(text))
+        completion_drift = check_pieces(self.tokenizer, ids, pieces)
+        engine = engine_record("completions", "retokenized-verified" if completion_drift == 0 else "retokenized-drift",
+                               prompt_ids, server_prompt, self.logprob_kind)
+        drift, _ = token_drift(prompt_ids, server_prompt)
+        usage = payload.get("usage") if isinstance(payload.get("usage"), Mapping) else {}
+        engine.update({"dialect": "llama-cpp", "prompt_drift_tokens": drift, "completion_drift_tokens": completion_drift,
+                       "server_completion_tokens": len(pieces), "usage_prompt_tokens": usage.get("prompt_tokens"),
+                       "end_token_unreported": choice.get("finish_reason") == "stop"})
+        if completion_drift:
+            logprobs = None  # they belong to the server's tokens, which are not these ids
         parsed = parse_text(self._text_of(ids, text), call_id_seed=call_id_seed)
         return self._turn(ids, logprobs, parsed.content, parsed.tool_calls, parsed.reasoning_content, choice, seed, elapsed, engine)
 
@@ -287,7 +336,7 @@ class OpenAIAgent:
         payload, elapsed = self._post(url, body)
         if payload is None:
             return self._aborted(seed, elapsed, "chat")
-        choice = _first_choice(payload, url)
+        choice = first_choice(payload, url)
         message = choice.get("message")
         if not isinstance(message, Mapping):
             raise OpenAIHTTPError("malformed response: choices[0].message is missing", url=url, status=200)
@@ -300,18 +349,18 @@ class OpenAIAgent:
         if entries is not None:
             if not isinstance(entries, list) or not all(isinstance(e, Mapping) for e in entries):
                 raise OpenAIHTTPError("malformed response: choices[0].logprobs.content is not a list of objects", url=url, status=200)
-            logprobs = _float_list([e.get("logprob") for e in entries], "choices[0].logprobs.content[].logprob", url)
+            logprobs = float_list([e.get("logprob") for e in entries], "choices[0].logprobs.content[].logprob", url)
         if raw_ids is not None:
-            ids = _int_list(raw_ids, "choices[0].token_ids", url)
+            ids = int_list(raw_ids, "choices[0].token_ids", url)
             source = "server"
             if logprobs is not None and len(logprobs) != len(ids):
                 raise OpenAIHTTPError(f"malformed response: {len(logprobs)} log-probs for {len(ids)} token ids", url=url, status=200)
         else:
             ids, source, logprobs = self._retokenize(content or "", choice, url), "retokenized", None
-        engine = _engine_record("chat", source, context_ids, payload.get("prompt_token_ids", choice.get("prompt_token_ids")), self.logprob_kind)
+        engine = engine_record("chat", source, context_ids, payload.get("prompt_token_ids", choice.get("prompt_token_ids")), self.logprob_kind)
         server_calls = message.get("tool_calls") or []
         if server_calls:
-            calls = tuple(_server_call(c, i, call_id_seed, url) for i, c in enumerate(server_calls))
+            calls = tuple(server_call(c, i, call_id_seed, url) for i, c in enumerate(server_calls))
             reasoning = message.get("reasoning_content")
             text_content = content.strip() if content and content.strip() else None
         else:
@@ -359,8 +408,13 @@ class OpenAIAgent:
 
     def _sampling(self, seed: int, endpoint: str) -> dict[str, Any]:
         out = dict(self.sampling_params)
+        if self.dialect == "llama-cpp":
+            out = {**completion_body(self.model, "", max_tokens=self.max_tokens, sampling=out, seed=seed)}
+            for key in ("model", "prompt", "n", "stream", "logprobs", "echo"):
+                out.pop(key)
+            out["engine_sampler_order"] = "top_k,typical,top_p,min_p,temperature"
         out.update({"max_tokens": self.max_tokens, "seed": int(seed), "endpoint": endpoint})
-        if self.stop_token_ids:
+        if self.stop_token_ids and self.dialect != "llama-cpp":  # llama.cpp stops on its own end-of-generation set
             out["stop_token_ids"] = list(self.stop_token_ids)
         return out
 
@@ -427,70 +481,3 @@ class OpenAIAgent:
         return ids
 
 
-# ------------------------------------------------------------------------------------------ helpers
-
-
-def _wire_message(message: Mapping[str, Any]) -> dict[str, Any]:
-    """An OpenAI message without ctxkit's private keys (the sampled `token_ids` of an assistant turn)."""
-    return {k: v for k, v in message.items() if k != "token_ids"}
-
-
-def _first_choice(payload: Any, url: str) -> Mapping[str, Any]:
-    choices = payload.get("choices") if isinstance(payload, Mapping) else None
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
-        raise OpenAIHTTPError("malformed response: no choices[0]", url=url, status=200)
-    return choices[0]
-
-
-def _int_list(value: Any, where: str, url: str) -> list[int]:
-    if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
-        raise OpenAIHTTPError(f"malformed response: {where} is not a list of integers", url=url, status=200)
-    return list(value)
-
-
-def _float_list(value: Any, where: str, url: str) -> list[float] | None:
-    if value is None:
-        return None
-    if not isinstance(value, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in value):
-        raise OpenAIHTTPError(f"malformed response: {where} is not a list of numbers", url=url, status=200)
-    return [float(x) for x in value]
-
-
-def _completion_ids(choice: Mapping[str, Any], lp_block: Mapping[str, Any], url: str) -> tuple[list[int] | None, str]:
-    """Sampled ids from `token_ids`, else from `token_id:<n>` log-prob tokens; (None, "") when neither."""
-    if choice.get("token_ids") is not None:
-        return _int_list(choice["token_ids"], "choices[0].token_ids", url), "server"
-    tokens = lp_block.get("tokens")
-    if isinstance(tokens, list) and tokens and all(isinstance(t, str) and t.startswith("token_id:") for t in tokens):
-        try:
-            return [int(t[len("token_id:"):]) for t in tokens], "logprob_tokens"
-        except ValueError:
-            pass
-    return None, ""
-
-
-def _engine_record(endpoint: str, source: str, context_ids, server_prompt, kind: str) -> dict[str, Any]:
-    """What the server did with the prompt and where the ids came from (kept in `sampling["engine"]`)."""
-    record: dict[str, Any] = {"endpoint": endpoint, "ids_source": source, "logprobs_mode": kind}
-    if server_prompt is None or context_ids is None:
-        record["prompt_match"] = None
-        return record
-    ctx = [int(t) for t in context_ids]
-    srv = [int(t) for t in server_prompt]
-    record["prompt_match"] = ctx == srv
-    record["server_prompt_tokens"] = len(srv)
-    if ctx != srv:
-        record["prompt_drift_at"] = next((i for i, (a, b) in enumerate(zip(ctx, srv)) if a != b), min(len(ctx), len(srv)))
-    return record
-
-
-def _server_call(call: Any, index: int, seed: str, url: str) -> ToolCall:
-    """A tool call the server parsed, in the OpenAI wire shape."""
-    fn = call.get("function") if isinstance(call, Mapping) else None
-    if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
-        raise OpenAIHTTPError(f"malformed response: tool_calls[{index}] has no function name", url=url, status=200)
-    args = fn.get("arguments", "{}")
-    if not isinstance(args, str):
-        args = json.dumps(args)
-    call_id = call.get("id") if isinstance(call.get("id"), str) and call.get("id") else make_call_id(seed, index)
-    return ToolCall(id=call_id, name=fn["name"], arguments=args)
