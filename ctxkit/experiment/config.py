@@ -14,6 +14,8 @@ max_context = 3072         # context window of the policy, in tokens
 wall_time_s = 120.0        # per episode
 
 [agents.scripted]          # label; `kind` defaults to the label; other keys are the agent's params
+                           # (an `openai` agent with server = "llama-cpp" gets a server the runner starts:
+                           #  see `engine_server`; its keys: server_model, n_ctx, server_threads, ...)
 
 [tasks.needle-recall]      # one table per task; keys are the task's parameters
 n_files = 8

@@ -20,6 +20,10 @@
    by arm, task, seed). Progress shows on stderr with rich.
 5. The report (`report.md`, plots) is written from `results.jsonl`.
 
+An agent table with `server = "llama-cpp"` gets a llama.cpp server on 127.0.0.1 started before the first
+episode runs and stopped after the last (`engine_server.serve_agents`); the config fingerprint is that of
+the config as written (the server's port is not part of it), so a resumed run starts a fresh server.
+
 Ctrl-C (SIGINT) raises `RunInterrupted` (a `KeyboardInterrupt` carrying how many finished episodes are kept):
 local workers ignore SIGINT and are stopped by the parent, queued Ray tasks are cancelled, the lock is
 released, and a rerun resumes.
@@ -43,6 +47,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from ctxkit.errors import BudgetError, ConfigError, CtxkitError
 from ctxkit.experiment.config import EpisodeSpec, ExperimentConfig
+from ctxkit.experiment.engine_server import serve_agents
 from ctxkit.experiment.episode import log_path, run_episode
 from ctxkit.experiment.run_folder import RESULTS, RUN_INFO, append_row, check_out_dir, open_run_folder, read_rows, read_run_info
 
@@ -362,10 +367,11 @@ def run_experiment(
                     advance(row)
 
                 if todo:
-                    if executor == "ray":
-                        _run_ray(config, todo, out, done)
-                    else:
-                        _run_local(config, todo, out, workers, done)
+                    with serve_agents(config) as served:  # engines ctxkit starts (server = "llama-cpp"), stopped after
+                        if executor == "ray":
+                            _run_ray(served, todo, out, done)
+                        else:
+                            _run_local(served, todo, out, workers, done)
             if report:
                 from ctxkit.experiment.report import write_report
 
