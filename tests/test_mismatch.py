@@ -91,6 +91,11 @@ def test_llama_cpp_order_filters_before_the_temperature():
     # transformers order: temperature first (p0 = 0.867 >= 0.8), so top-p keeps id 0 alone
     hf = processed_logprobs(logits, {**cfg, "order": "hf"})
     assert hf[0] == 0.0 and np.isneginf(hf[1:]).all()
+    # what the OpenAI agent records for a llama.cpp server means the same order
+    served = processed_logprobs(logits, {**cfg, "top_k": 0, "repeat_penalty": 1.0, "engine_sampler_order": "top_k,typical,top_p,min_p,temperature"})
+    assert served.tolist() == got.tolist()
+    with pytest.raises(ConfigError, match=r"sampling.typical_p=0.5: not modelled"):
+        processed_logprobs(logits, {"order": "llama.cpp", "typical_p": 0.5})
     with pytest.raises(ConfigError, match=r"sampling.order='sglang': unknown"):
         processed_logprobs(logits, {"order": "sglang"})
 

@@ -11,7 +11,8 @@ gives the logits each sampled token was drawn from. From those logits, per sampl
   (e.g. cut by top-p on the trainer's logits).
 
 The transform order is `Step.sampling["order"]`: `hf` (the default) and `vllm` as `rl_math.SAMPLING_ORDERS`
-define them, and `llama.cpp`, whose sampler chain (llama-cpp-python `Llama._init_sampler`: penalties,
+define them, and `llama.cpp` (also when `engine_sampler_order` is `LLAMA_CPP_CHAIN`, as the OpenAI agent
+records it for a llama.cpp server), whose sampler chain (llama-cpp-python `Llama._init_sampler`: penalties,
 top-k, typical-p, top-p, min-p, then temperature, then the draw) filters on the temperature-1
 distribution and only then divides by the temperature.
 
@@ -31,10 +32,13 @@ import numpy as np
 from ctxkit.errors import ConfigError, ReplayError
 from ctxkit.events import Step
 
-__all__ = ["ORDERS", "ScoredStep", "processed_logprobs", "score_logs", "score_steps"]
+__all__ = ["LLAMA_CPP_CHAIN", "ORDERS", "ScoredStep", "processed_logprobs", "score_logs", "score_steps"]
 
 ORDERS: tuple[str, ...] = ("hf", "vllm", "llama.cpp")
 """Sampling-transform orders a step's `sampling["order"]` may name (absent: `hf`)."""
+
+LLAMA_CPP_CHAIN = "top_k,typical,top_p,min_p,temperature"
+"""`Step.sampling["engine_sampler_order"]` that ctxkit's OpenAI agent records for llama.cpp: means order `llama.cpp`."""
 
 _IDENTITY_KEYS = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
 
@@ -98,10 +102,16 @@ def processed_logprobs(logits: Any, sampling: Mapping[str, Any]) -> np.ndarray:
     from ctxkit.rl_math import behaviour_logprobs
 
     order = str(sampling.get("order") or "hf")
+    if "order" not in sampling and sampling.get("engine_sampler_order") == LLAMA_CPP_CHAIN:
+        order = "llama.cpp"  # what ctxkit's OpenAI agent records for a llama.cpp server
     if order not in ORDERS:
         raise ConfigError(f"sampling.order={order!r}: unknown; expected one of {list(ORDERS)}")
     if order != "llama.cpp":
         return behaviour_logprobs(logits, sampling, order=order)
+    for key, neutral in (("repeat_penalty", 1.0), ("typical_p", 1.0)):
+        value = sampling.get(key)
+        if value is not None and float(value) != neutral:
+            raise ConfigError(f"sampling.{key}={value!r}: not modelled (only {neutral} is); record processed log-probs instead")
     filters = {k: sampling.get(k) for k in ("top_k", "top_p", "min_p", "repetition_penalty",
                                               "presence_penalty", "frequency_penalty")}
     top_k = filters.get("top_k")
