@@ -156,7 +156,40 @@ def test_llama_logprobs_are_raw_not_processed(llama_server, tok):
     assert min(turns[0].logprobs) < 0.0
 
 
-def _toml(tok_dir, n_ctx: int = 2048) -> str:
+@pytest.mark.slow
+def test_two_turns_carry_the_sampled_ids_and_replay(llama_server, tok):
+    """The second context holds the first turn's sampled ids; what the server saw is checked again, and the
+    log replays n/n."""
+    from ctxkit.builder import ContextBuilder, MemoryLog
+    from ctxkit.experiment.agents.base import to_step
+    from ctxkit.log_replay import verify_log
+
+    builder = ContextBuilder(tok, template="chatml-tools-v1", budget=2048, detect_pins=False)
+    log = MemoryLog()
+    log.extend([EpisodeStart(episode_id="t-2", context=builder.describe()), Message(role="system", content="You are terse."),
+                Message(role="user", content="What is 2+3? Answer with a number.")])
+    agent = OpenAIAgent(base_url=llama_server.base_url, model=llama_server.model, tokenizer=tok, dialect="llama-cpp",
+                        max_tokens=12, temperature=0.7)
+    turns = []
+    for seed, follow_up in ((3, "And 4+4?"), (4, None)):
+        ctx = builder.build(log)
+        turn = agent.act(ctx, seed=seed)
+        turns.append((ctx, turn))
+        log.append(to_step(turn, ctx))
+        if follow_up:
+            log.append(Message(role="user", content=follow_up))
+    (ctx1, turn1), (ctx2, turn2) = turns
+    first = list(turn1.token_ids)
+    ids2 = list(ctx2.token_ids)
+    assert any(ids2[i:i + len(first)] == first for i in range(len(ids2)))  # sampled ids kept verbatim
+    engine = turn2.sampling["engine"]
+    assert engine["prompt_drift_tokens"] == token_drift(ids2, tok.encode(tok.decode(ids2)))[0]
+    assert engine["server_prompt_tokens"] == engine["usage_prompt_tokens"]
+    result = verify_log(log.events())
+    assert (result.n_ok, result.n_steps) == (2, 2)
+
+
+def _toml(tok_dir, n_ctx: int = 2048, max_tokens: int = 96) -> str:
     return f"""
 name = "llama-one"
 tokenizer = "{tok_dir}"
@@ -176,7 +209,7 @@ server = "llama-cpp"
 n_ctx = {n_ctx}
 server_threads = 1
 temperature = 0.7
-max_tokens = 24
+max_tokens = {max_tokens}
 
 [tasks.needle-recall]
 n_files = 3
@@ -198,7 +231,7 @@ def test_ablation_through_a_started_llama_server_replays(tmp_path, tok):
     from ctxkit.log_replay import verify_log
 
     path = tmp_path / "llama.toml"
-    path.write_text(_toml(tokenizer_dir("smollm2-135m-instruct")))
+    path.write_text(_toml(tokenizer_dir("smollm2-135m-instruct"), max_tokens=48))
     out = tmp_path / "run"
     summary = run_experiment(load_config(path), out, progress=False, report=False)
     assert (summary.total, summary.ran) == (1, 1)
