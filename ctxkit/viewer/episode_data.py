@@ -7,8 +7,9 @@ step whose replay fails (rebuild error or hash mismatch) carries the reason and 
 says so at that step instead of showing a plausible context; a setup failure (no recorded tokenizer, an
 id mismatch) is reported for the whole episode.
 
-Size: a context is stored as references into a `Pool` of segments (the tokens of one message span, or of
-the template scaffold between two spans, with their per-token texts and classes), each distinct segment
+Size: a context is stored as references into a `Pool` of segments (the tokens of one message span, or a
+piece of the template scaffold between two spans, cut before each special token, with their per-token
+texts and classes), each distinct segment
 once for the whole page, so a 200-step episode stores each message's tokens once, not once per step.
 Message texts of compaction views go to the pool's string table the same way.
 """
@@ -115,8 +116,14 @@ def _context(ctx: Any, tok: Any, pool: Pool) -> dict[str, Any]:
     if pos < len(ids):
         cuts.append((pos, len(ids), -1))
     msgs = [pool.message(m.role, m.provenance.how, m.provenance.event_ids) for m in ctx.view.messages]
-    segs = [[pool.segment(tok, ids[a:b], codes[a:b], loss[a:b]), msgs[m] if 0 <= m < len(msgs) else -1]
-            for a, b, m in cuts]
+    specials = set(tok.special_tokens.values())
+    segs = []
+    for a, b, m in cuts:
+        # scaffold between messages is cut before each special token, so the scaffold of a turn opener is
+        # its own segment (shared by every context that has it, and compared on its own in an arm diff)
+        starts = [a] + ([k for k in range(a + 1, b) if ids[k] in specials] if m < 0 else []) + [b]
+        for x, y in zip(starts, starts[1:]):
+            segs.append([pool.segment(tok, ids[x:y], codes[x:y], loss[x:y]), msgs[m] if 0 <= m < len(msgs) else -1])
     pinned = sum(1 for c in classes if c == "pinned")
     return {"segs": segs, "n_msgs": len(msgs), "n": ctx.n_tokens, "pinned": pinned, "hash": ctx.hash,
             "loss": loss.count("1"), "pins_checked": list(ctx.pins_checked)}

@@ -219,7 +219,7 @@ function showDiff(ri, sel) {
   const h = ["<h2>arm diff · " + esc(r.name) + '</h2><div class="ctl">' +
     '<label>arm A <select id="dA">' + opt(r.arms, a) + '</select></label><label>arm B <select id="dB">' + opt(r.arms, b) + "</select></label>" +
     '<label>task-seed <select id="dK">' + opt(keys, key) + '</select></label><label>step <select id="dS">' + opt([...Array(nsteps).keys()], step) + "</select></label></div>"];
-  h.push('<div class="meta">same task, seed and step under two arms; blocks outlined in orange are in one context only</div>' + legend());
+  h.push('<div class="meta">same task, seed and step under two arms; blocks outlined in orange are in one context only (each side opens at its first)</div>' + legend());
   const col = (ep, i, other) => {
     if (!ep) return "<div><i>no episode</i></div>";
     ep._i = i;
@@ -232,6 +232,10 @@ function showDiff(ri, sel) {
   };
   h.push('<div class="cols">' + col(ea, ia, eb) + col(eb, ib, ea) + "</div>");
   $main.innerHTML = h.join("");
+  for (const box of $main.querySelectorAll(".diffcol .tokens")) {  // open each side at its first difference
+    const first = box.querySelector(".diff-only");
+    if (first) box.scrollTop = Math.max(0, first.offsetTop - 40);
+  }
   for (const id of ["dA", "dB", "dK", "dS"]) document.getElementById(id).addEventListener("change", () => showDiff(ri, {
     a: document.getElementById("dA").value, b: document.getElementById("dB").value, key: document.getElementById("dK").value, step: +document.getElementById("dS").value }));
 }
