@@ -129,6 +129,7 @@ class ContextBuilder:
         self._scanned = 0
         self._seen_pins: set[str] = set()
         self._prefix_cache: dict[tuple, int] = {}
+        self._decoded: dict[tuple[int, ...], str] = {}  # span ids -> decoded text, for check_pins
 
     # ------------------------------------------------------------------------------------- describe
 
@@ -220,7 +221,7 @@ class ContextBuilder:
         # Check everything before recording the compaction, so a failed build records no decision.
         check_pairing(view, pending_before=pending_before)
         rendered = self._renderer.render(view)
-        ctx = _finish(view, rendered, self.tokenizer, budget, (), truncated)
+        ctx = _finish(view, rendered, self.tokenizer, budget, (), truncated, self._decoded)
         if ctx.n_tokens > budget and not truncated:
             raise BudgetError(
                 f"context is {ctx.n_tokens} tokens of the final render, over the budget of {budget} "
@@ -338,8 +339,9 @@ def check_pairing(view: View, *, pending_before: Sequence[str] | None = None) ->
                                problem=first.problem, event=first.event, call_id=first.call_id)
 
 
-def _finish(view: View, rendered: Any, tok: Any, budget: int | None, appended: tuple[str, ...], truncated: bool) -> BuiltContext:
-    checked = check_pins(view, rendered, tok)
+def _finish(view: View, rendered: Any, tok: Any, budget: int | None, appended: tuple[str, ...], truncated: bool,
+            decoded: dict | None = None) -> BuiltContext:
+    checked = check_pins(view, rendered, tok, decoded)
     ids = tuple(rendered.token_ids)
     return BuiltContext(
         token_ids=ids, loss_mask=tuple(rendered.loss_mask), view=view, rendered=rendered, hash=rendered.hash,
@@ -347,20 +349,28 @@ def _finish(view: View, rendered: Any, tok: Any, budget: int | None, appended: t
     )
 
 
-def check_pins(view: View, rendered: Any, tok: Any) -> tuple[str, ...]:
+def check_pins(view: View, rendered: Any, tok: Any, decoded: dict | None = None) -> tuple[str, ...]:
     """Verify every active pin verbatim in the decoded context; returns the pin ids checked.
 
-    Decodes only the span of the message holding the pin when the renderer reports spans, the whole
-    context otherwise (or when the span does not show it, e.g. a template that moves messages)."""
+    Decodes only the span of the message holding the pin when the renderer reports spans (each span once,
+    however many pins it holds), the whole context otherwise (or when the span does not show it, e.g. a
+    template that moves messages). `decoded`: a dict the caller keeps between calls, mapping a span's ids
+    (a tuple) to their decoded text, so an unchanged message is not decoded again at the next build."""
     checked: list[str] = []
     full: str | None = None
     spans = {s.index: s for s in getattr(rendered, "spans", ())}
+    memo: dict = {} if decoded is None else decoded
     for pin in view.active_pins:
         where = next((i for i, m in enumerate(view.messages) if pin.text in m.content), None)
         ok = False
         if where is not None and where in spans:
             s = spans[where]
-            ok = pin.text in tok.decode(rendered.token_ids[s.start:s.end])
+            key = tuple(rendered.token_ids[s.start:s.end])
+            text = memo.pop(key, None)  # re-inserted: the dict keeps the most recently used spans last
+            if text is None:
+                text = tok.decode(key)
+            memo[key] = text
+            ok = pin.text in text
         if not ok:
             if full is None:
                 full = tok.decode(rendered.token_ids)
@@ -370,6 +380,9 @@ def check_pins(view: View, rendered: Any, tok: Any) -> tuple[str, ...]:
                 f"pin {pin.pin_id} (event {pin.id}, rule {pin.rule}) is not verbatim in the built context: {pin.text!r}"
             )
         checked.append(pin.pin_id)
+    if decoded is not None and len(decoded) > 256:  # keep the spans of the last builds only
+        for key in list(decoded)[: len(decoded) - 128]:
+            del decoded[key]
     return tuple(checked)
 
 
@@ -424,7 +437,7 @@ class _RenderCache:
         if extends:
             renderer = self._base
         else:
-            renderer = IncrementalRenderer(self.tokenizer, self.template, list(view.tools) or None, self.special_tokens,
+            renderer = IncrementalRenderer(self.tokenizer, self.template, view.tools or None, self.special_tokens,
                                            segments=self.segments)
             n = 0
         renderer.extend(self._chat(m) for m in msgs[n:])
