@@ -23,7 +23,8 @@ the template (whole or through `template_locality.window_delta`), never from cac
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Iterable, Mapping
+from collections.abc import Mapping  # not typing.Mapping: isinstance against it is several times slower
+from typing import Any, Iterable
 
 
 
@@ -41,6 +42,19 @@ class SegmentCache:
         """Segments copied from the cache."""
         self.segment_misses = 0
         """Segments tokenized."""
+        self._tools: tuple[Any, Any] | None = None  # (tools object given, its plain copy)
+
+    def plain_tools(self, tools: Any) -> Any:
+        """`templates.plain_value(list(tools), "tools")`, made once per tools object (renderers of one
+        builder are given the same, immutable, `View.tools` tuple again and again)."""
+        from ctxkit.templates import plain_value
+
+        if self._tools is not None and self._tools[0] is tools:
+            return self._tools[1]
+        plain = plain_value(list(tools), "tools")
+        if isinstance(tools, tuple):  # a list could be changed in place by its owner: not kept
+            self._tools = (tools, plain)
+        return plain
 
     def prepared(self, key: Any, message: Mapping[str, Any], call_ids: set[str]) -> tuple | None:
         """The prepared form of a message stored under `key`, or None (also when the message is a tool
