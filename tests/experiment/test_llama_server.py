@@ -121,6 +121,16 @@ def test_server_that_cannot_load_its_model_raises_with_its_output(tmp_path):
     assert server.process is None
 
 
+def test_server_not_ready_in_time_is_stopped_and_reported():
+    _require_engine()
+    server = LlamaServer(LlamaServerSpec(start_timeout_s=0.01))
+    with pytest.raises(EngineServerError) as info:
+        server.start()
+    assert "did not answer GET http://127.0.0.1:" in str(info.value)
+    assert "start_timeout_s=0.01" in str(info.value)
+    assert server.process is None and server.port is None  # killed, nothing left running
+
+
 # ------------------------------------------------------------------------------- the real server
 
 
