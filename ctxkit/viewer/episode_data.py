@@ -26,7 +26,7 @@ import orjson
 from ctxkit.errors import CtxkitError
 from ctxkit.events import Compaction, EpisodeEnd, EpisodeStart, Event, event_to_dict
 
-__all__ = ["CLASS_CODES", "Pool", "episode_data", "token_classes"]
+__all__ = ["CLASS_CODES", "Pool", "context_segments", "episode_data", "token_classes"]
 
 CLASS_CODES: dict[str, str] = {
     "verbatim": "v", "masked": "m", "truncated": "t", "summary": "s", "retrieved": "r", "pinned": "p",
@@ -196,6 +196,7 @@ def episode_data(path: str | Path, pool: Pool, *, tokenizer: Any = None, templat
                 specials=sorted(set(tok.special_tokens.values())))
     from ctxkit.token_pieces import token_texts
 
+    prev: dict[str, Any] | None = None
     for r in replay_steps(events, tokenizer=tok, template=tpl):
         step = r.step
         rec: dict[str, Any] = {
@@ -208,6 +209,32 @@ def episode_data(path: str | Path, pool: Pool, *, tokenizer: Any = None, templat
         }
         if r.ok and r.context is not None:
             rec["context"] = _context(r.context, tok, pool)
+            _share_prefix(rec["context"], prev)
+            prev = rec["context"]
         data["steps"].append(rec)
+    for rec in data["steps"]:
+        rec.get("context", {}).pop("_full", None)
     return data
+
+
+def _share_prefix(ctx: dict[str, Any], prev: dict[str, Any] | None) -> None:
+    """Store `ctx["segs"]` as `keep` (the number of leading references equal to the previous replayed
+    step's, the page takes them from there) and `add` (the rest): contexts that extend each other cost
+    only their new references."""
+    segs = ctx.pop("segs")
+    full = prev.get("_full", []) if prev is not None else []
+    keep = 0
+    while keep < min(len(segs), len(full)) and segs[keep] == full[keep]:
+        keep += 1
+    ctx["keep"], ctx["add"], ctx["_full"] = keep, segs[keep:], segs
+
+
+def context_segments(steps: list[dict[str, Any]], index: int) -> list[list[int]]:
+    """The full `[segment, message]` references of step `index`'s context, rebuilt from `keep`/`add`
+    (the way the page does it)."""
+    full: list[list[int]] = []
+    for rec in steps[: index + 1]:
+        if "context" in rec:
+            full = full[: rec["context"]["keep"]] + rec["context"]["add"]
+    return full
 

@@ -26,11 +26,19 @@ function legend() {
 
 // ---------------------------------------------------------------- tokens
 function tokText(t) { return esc(t).replace(/\n/g, '<span class="nl">↵</span>\n'); }
-function renderTokens(ep, ctx, markOnly) {
+function segsOf(ep, i) {  // a context's [segment, message] references: `keep` of the previous replayed step's, then `add`
+  if (!ep._segs) ep._segs = [];
+  if (ep._segs[i]) return ep._segs[i];
+  let full = [];
+  for (let k = i - 1; k >= 0; k--) if (ep.steps[k].context) { full = segsOf(ep, k); break; }
+  const c = ep.steps[i].context;
+  return (ep._segs[i] = full.slice(0, c.keep).concat(c.add));
+}
+function renderTokens(ep, segs, markOnly) {
   const specials = new Set(ep.specials);
   const out = [];
   let idx = 0;
-  for (const [sid, mi] of ctx.segs) {
+  for (const [sid, mi] of segs) {
     const s = SEG[sid];
     let cls0 = markOnly && !markOnly.has(sid) ? " diff-only" : "";
     if (mi >= 0) {
@@ -80,7 +88,7 @@ function renderStep(ep, step, box) {
     const ctx = step.context;
     h.push(budgetBar(ep, ctx));
     h.push(legend());
-    h.push('<div class="tokens">' + renderTokens(ep, ctx) + "</div>");
+    h.push('<div class="tokens">' + renderTokens(ep, segsOf(ep, step.index)) + "</div>");
   }
   h.push("<h4>sampled tokens (" + step.sampled.ids.length + ", log-probs: " + esc(step.logprob_kind || "none") + ", finish " + esc(step.finish_reason || "–") + ")</h4>");
   h.push(sampled(step));
@@ -226,9 +234,9 @@ function showDiff(ri, sel) {
     const st = ep.steps[step];
     if (!st) return "<div><i>no step " + step + "</i></div>";
     if (!st.ok) return '<div><div class="banner replay-failed">replay failed at step ' + step + ": " + esc(st.problem) + "</div></div>";
-    const os = other && other.steps[step] && other.steps[step].ok ? new Set(other.steps[step].context.segs.map(x => x[0])) : new Set();
+    const os = other && other.steps[step] && other.steps[step].ok ? new Set(segsOf(other, step).map(x => x[0])) : new Set();
     return '<div class="diffcol"><h4><a href="#ep-' + i + "/" + esc(st.id) + '">' + esc(ep.label) + "</a> · " + fmt(st.context.n) + " tokens</h4>" + budgetBar(ep, st.context) +
-      '<div class="tokens">' + renderTokens(ep, st.context, os) + "</div></div>";
+      '<div class="tokens">' + renderTokens(ep, segsOf(ep, step), os) + "</div></div>";
   };
   h.push('<div class="cols">' + col(ea, ia, eb) + col(eb, ib, ea) + "</div>");
   $main.innerHTML = h.join("");

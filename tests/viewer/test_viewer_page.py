@@ -19,6 +19,7 @@ from ctxkit.events import Compaction, Step
 from ctxkit.log import read_events
 from ctxkit.log_replay import verify_log
 from ctxkit.viewer import HOST, build_page, serve_page, write_page
+from ctxkit.viewer.episode_data import context_segments
 
 
 def page_data(html: str) -> dict:
@@ -48,10 +49,11 @@ def test_episode_page_is_the_replayed_context(tau_log, tmp_path):
     assert [e["id"] for e in ep["events"]] == [e.id for e in events]
     # every step's context, joined back from the segment pool, is the replayed context token for token
     result = verify_log(tau_log).results
-    for rec, r in zip(ep["steps"], result):
-        ids = [t for sid, _ in rec["context"]["segs"] for t in data["segments"][sid]["ids"]]
+    for k, (rec, r) in enumerate(zip(ep["steps"], result)):
+        segs = context_segments(ep["steps"], k)
+        ids = [t for sid, _ in segs for t in data["segments"][sid]["ids"]]
         assert ids == list(r.context.token_ids)
-        loss = "".join(data["segments"][sid]["l"] for sid, _ in rec["context"]["segs"])
+        loss = "".join(data["segments"][sid]["l"] for sid, _ in segs)
         assert loss == "".join(map(str, r.context.loss_mask))
         assert rec["context"]["hash"] == r.context.hash == rec["expected_hash"]
         assert rec["sampled"]["ids"] == list(r.step.token_ids)
@@ -93,7 +95,10 @@ def test_run_folder_grid_has_the_report_numbers(run_dir):
 
 def test_a_failing_step_is_named_and_shows_no_context(tau_log, tmp_path):
     bad = break_step(tau_log, tmp_path / "bad.jsonl", 2)
-    (ep,) = page_data(build_page([bad]).html)["episodes"]
+    data = page_data(build_page([bad]).html)
+    (ep,) = data["episodes"]
+    after = verify_log(bad).results[3]  # the step after the failing one is still shown exactly
+    assert [t for sid, _ in context_segments(ep["steps"], 3) for t in data["segments"][sid]["ids"]] == list(after.token_ids)
     assert [s["ok"] for s in ep["steps"]][:4] == [True, True, False, True]
     failed = ep["steps"][2]
     assert "context" not in failed and failed["problem"].startswith("step 2 (seq ")
