@@ -35,6 +35,8 @@ COMMANDS: dict[str, str] = {
     "audit": "ctxkit.commands.audit_cmd",
     "ablate": "ctxkit.commands.ablate_cmd",
     "report": "ctxkit.commands.ablate_cmd",
+    "view": "ctxkit.commands.view_cmd",
+    "mismatch": "ctxkit.commands.mismatch_cmd",
 }
 """Subcommand name -> module providing `register_<name>(subparsers)`."""
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from ctxkit.token_pieces import token_texts as token_texts  # its home is ctxkit.token_pieces; kept importable here
+
 ROLE_STYLES = {
     "system": "magenta",
     "user": "green",
@@ -20,33 +22,6 @@ ROLE_STYLES = {
 
 LEGEND = "[grey50]bold underline = loss mask 1 (tokens the policy produces); reversed = special token[/]"
 """The legend printed under a token view."""
-
-
-def token_texts(tok: Any, ids: Sequence[int]) -> list[str]:
-    """Text of each token, decoded in context (keeps Metaspace word spaces; multi-token characters are
-    shown on their first token)."""
-    out: list[str] = []
-    prev_text = ""
-    prev_id = None
-    i = 0
-    n = len(ids)
-    while i < n:
-        j = i + 1
-        while True:
-            if prev_id is None:
-                piece = tok.decode(ids[i:j])
-            else:
-                both = tok.decode([prev_id, *ids[i:j]])
-                piece = both[len(prev_text):] if both.startswith(prev_text) else tok.decode(ids[i:j])
-            if "\ufffd" not in piece or j - i >= 4 or j >= n:
-                break
-            j += 1
-        out.append(piece)
-        out.extend([""] * (j - i - 1))
-        prev_id = ids[j - 1]
-        prev_text = tok.decode([prev_id])
-        i = j
-    return out
 
 
 def print_tokens(console: Any, tok: Any, token_ids: Sequence[int], roles: Sequence[str],
