@@ -360,16 +360,19 @@ def check_pins(view: View, rendered: Any, tok: Any, decoded: dict | None = None)
     full: str | None = None
     spans = {s.index: s for s in getattr(rendered, "spans", ())}
     memo: dict = {} if decoded is None else decoded
+    texts: dict[int, str] = {}  # view message index -> its decoded span, this build
     for pin in view.active_pins:
         where = next((i for i, m in enumerate(view.messages) if pin.text in m.content), None)
         ok = False
         if where is not None and where in spans:
-            s = spans[where]
-            key = tuple(rendered.token_ids[s.start:s.end])
-            text = memo.pop(key, None)  # re-inserted: the dict keeps the most recently used spans last
+            text = texts.get(where)
             if text is None:
-                text = tok.decode(key)
-            memo[key] = text
+                s = spans[where]
+                key = tuple(rendered.token_ids[s.start:s.end])
+                text = memo.pop(key, None)  # re-inserted: the dict keeps the most recently used spans last
+                if text is None:
+                    text = tok.decode(key)
+                memo[key] = texts[where] = text
             ok = pin.text in text
         if not ok:
             if full is None:

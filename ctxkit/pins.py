@@ -151,9 +151,25 @@ def detect_constraints(
     for e in events:
         if not isinstance(e, Message) or e.role not in roles or not e.id:
             continue
-        for sentence, kind in detector.find(content_text(e.content)):
+        for sentence, kind in _find(detector, content_text(e.content)):
             found.append(Detection(sentence, e.id, f"{detector.name}:{kind}", pin_id_for(e.id, sentence)))
     return found
+
+
+_FOUND: dict[tuple[str, str], tuple] = {}  # (detector name, text) -> its detections
+
+
+def _find(detector: RuleSet, text: str) -> tuple:
+    """`detector.find(text)`, kept by content: a detector is a pure function of the text, and every builder
+    of a run (one per arm, episode and repeat) reads the same system prompt and task."""
+    key = (detector.name, text)
+    hit = _FOUND.get(key)
+    if hit is None:
+        hit = tuple(detector.find(text))
+        if len(_FOUND) >= 4096:
+            _FOUND.clear()
+        _FOUND[key] = hit
+    return hit
 
 
 def new_detections(events: Sequence[Event], *, start: int = 0, rules: str = RULESET) -> list[Detection]:
