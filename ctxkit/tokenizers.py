@@ -123,6 +123,7 @@ class Tokenizer:
         self._encode_piece = encode_piece
         self._decode = decode
         self._count_cache = _LRU(65536)
+        self._recent_counts: dict[str, int] = {}  # text -> count, see count()
         self._piece_cache = _LRU(65536)
         texts = sorted(self.special_tokens, key=len, reverse=True)
         self._special_re = re.compile("|".join(re.escape(t) for t in texts)) if texts else None
@@ -180,12 +181,21 @@ class Tokenizer:
             raise TokenizerError(f"{self.id}: cannot decode ids: {exc}") from exc
 
     def count(self, text: str) -> int:
-        """Number of tokens `encode(text)` gives, cached by the text's content hash."""
+        """Number of tokens `encode(text)` gives, cached by the text's content hash (and, for the texts
+        counted most recently, by the string itself: its hash is kept by Python, so a text counted again at
+        every compaction costs one dict lookup instead of hashing its bytes)."""
+        recent = self._recent_counts
+        n = recent.get(text)
+        if n is not None:
+            return n
         key = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
         n = self._count_cache.get(key)
         if n is None:
             n = len(self.encode_segmented(text))
             self._count_cache.put(key, n)
+        if len(recent) >= 8192:
+            recent.clear()
+        recent[text] = n
         return n
 
     def split_special(self, text: str) -> list[tuple[str, bool]]:
