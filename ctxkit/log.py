@@ -65,10 +65,8 @@ from ctxkit.logfile import (
     VerifyReport,
     checked_scan,
     dumps_checked,
-    canonical,
     check_line,
     fsync_dir,
-    line_hash,
     read_events,
     read_header,
     repair,
@@ -77,7 +75,7 @@ from ctxkit.logfile import (
     verify,
 )
 from ctxkit.log_locks import WriterLock, read_lock, write_lock
-from ctxkit.log_stamp import stamp
+from ctxkit.log_stamp import stamp, stamp_line, stamp_lines
 
 DURABILITY_MODES: tuple[str, ...] = ("always", "batch", "none")
 """`always`: write and fsync every append. `batch`: write every append, fsync per `extend`/`flush` and at
@@ -278,7 +276,37 @@ class EventLog:
 
     def append(self, event: Event) -> Event:
         """Append one event; fills `seq`, `id` and `ts` (unless given) and returns the recorded copy."""
-        return self._write([event], sync=self.durability == "always")[0]
+        with self._mutex:
+            if self._buffer:  # durability "none" with lines pending: the lock is held and the tail read
+                recorded, line, digest = stamp_line(event, len(self._events), time.time(), self._last_hash)
+                self._buffer.append(line)
+                self._buffered += len(line)
+                self._events.append(recorded)
+                self._last_hash = digest
+                self._cache = None
+                if self._buffered >= BUFFER_BYTES:
+                    self._write_buffer()
+                return recorded
+            fd = self._fd
+            if fd is None or self.durability == "none":
+                return self._write([event], sync=False)[0]
+            lock = self._lock  # `always` and `batch`: one event, written before returning, under the lock
+            if not lock.acquire(blocking=False):
+                self._wait_for_lock()
+            try:
+                if os.lseek(fd, 0, os.SEEK_END) != self._offset:
+                    self._sync_tail()  # another process appended (or left a torn tail)
+                recorded, line, digest = stamp_line(event, len(self._events), time.time(), self._last_hash)
+                self._write_all(line)
+                if self.durability == "always":
+                    os.fsync(fd)
+                self._offset += len(line)
+                self._events.append(recorded)
+                self._last_hash = digest
+                self._cache = None
+            finally:
+                lock.release()
+            return recorded
 
     def extend(self, events: Iterable[Event]) -> list[Event]:
         """Append several events in one write, never split by another writer (and one fsync in `always` and
@@ -332,9 +360,12 @@ class EventLog:
     def _acquire(self) -> None:
         """Take the writers' lock. A handle of this process holding it with buffered lines is made to write
         them and let go (it would otherwise wait for us forever); another process's writer is waited for."""
-        if self._lock.acquire(blocking=False):
-            return
-        holder = _HOLDERS.get(str(self._lock.path))
+        if not self._lock.acquire(blocking=False):
+            self._wait_for_lock()
+
+    def _wait_for_lock(self) -> None:
+        """`_acquire` when the lock is taken: free it from a buffering handle of this process, or wait."""
+        holder = _HOLDERS.get(self._lock.key)
         holder = holder() if holder is not None else None
         if holder is not None and holder is not self:
             holder._write_buffer()
@@ -342,33 +373,30 @@ class EventLog:
 
     def _write(self, events: list[Event], *, sync: bool) -> list[Event]:
         with self._mutex:
-            self._check_open()
+            fd = self._fd
+            if fd is None:
+                self._check_open()
             held = bool(self._buffer)  # a buffer is only ever pending under the lock, with the tail read
-            if not held:
-                self._acquire()
+            if not held and not self._lock.acquire(blocking=False):
+                self._wait_for_lock()
             try:
-                if not held:
-                    self._sync_tail()
-                prev, lines, recorded = self._last_hash, [], []
-                for event, as_dict, body in stamp(events, len(self._events), time.time()):
-                    # The line keeps the caller's key order (tool schemas render in that order); the hash is
-                    # over the sorted canonical form, so verification does not depend on it.
-                    digest = line_hash(prev, canonical(as_dict))
-                    lines.append(b"".join((body[:-1], b',"prev":"', prev.encode(), b'","hash":"', digest.encode(),
-                                           b'"}\n')))
-                    recorded.append(event)
-                    prev = digest
-                payload = b"".join(lines)
+                if not held and os.lseek(fd, 0, os.SEEK_END) != self._offset:  # type: ignore[arg-type]
+                    self._sync_tail()  # another process appended (or left a torn tail)
+                if len(events) == 1:
+                    first, payload, prev = stamp_line(events[0], len(self._events), time.time(), self._last_hash)
+                    recorded = [first]
+                else:
+                    recorded, payload, prev = stamp_lines(events, len(self._events), time.time(), self._last_hash)
                 if self.durability == "none":
                     if not self._buffer:
                         self._unbuffered = (len(self._events), self._last_hash)
-                        _HOLDERS[str(self._lock.path)] = weakref.ref(self)
+                        _HOLDERS[self._lock.key] = weakref.ref(self)
                     self._buffer.append(payload)
                     self._buffered += len(payload)
                 else:
                     self._write_all(payload)
                     if sync:
-                        os.fsync(self._fd)  # type: ignore[arg-type]
+                        os.fsync(fd)  # type: ignore[arg-type]
                     self._offset += len(payload)
                 self._events.extend(recorded)
                 self._last_hash = prev
@@ -388,7 +416,7 @@ class EventLog:
                 return
             payload = b"".join(self._buffer)
             self._buffer, self._buffered = [], 0
-            key = str(self._lock.path)
+            key = self._lock.key
             if key in _HOLDERS and _HOLDERS[key]() is self:
                 del _HOLDERS[key]
             try:
@@ -404,8 +432,11 @@ class EventLog:
 
     def _write_all(self, payload: bytes) -> None:
         start = self._offset
-        view = memoryview(payload)
         try:
+            written = os.write(self._fd, payload)  # type: ignore[arg-type]
+            if written == len(payload):  # one write: the usual case
+                return
+            view = memoryview(payload)[written:]
             while view:
                 view = view[os.write(self._fd, view):]  # type: ignore[arg-type]
         except BaseException:
@@ -419,7 +450,7 @@ class EventLog:
         """Take in lines appended by other processes since our last read (called under the lock, or with
         `torn_ok`). A tail without a newline raises (or is repaired), unless `torn_ok`: then it is left
         unread and True is returned."""
-        size = os.fstat(self._fd).st_size  # type: ignore[arg-type]
+        size = os.lseek(self._fd, 0, os.SEEK_END)  # type: ignore[arg-type]  (writes append; reads use pread)
         if size == self._offset:
             return False
         if size < self._offset:

@@ -16,6 +16,11 @@ import os
 from contextlib import contextmanager
 from pathlib import Path
 
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX: filelock's FileLock instead
+    fcntl = None  # type: ignore[assignment]
+
 __all__ = ["WriterLock", "lock_path", "read_lock", "write_lock"]
 
 
@@ -34,14 +39,14 @@ class WriterLock:
         """The lock of the log at `path` (nothing is opened or created yet)."""
         self.path: Path = lock_path(path)
         """The lock file."""
+        self.key: str = str(self.path)
+        """The lock file's path as a string (a dict key for this process's holders)."""
         self._fd: int | None = None
         self._fallback = None
 
     def acquire(self, *, blocking: bool = True) -> bool:
         """Take the lock; with `blocking=False` return False at once when another descriptor holds it."""
-        try:
-            import fcntl
-        except ImportError:  # pragma: no cover - not POSIX
+        if fcntl is None:  # pragma: no cover - not POSIX
             from filelock import FileLock, Timeout
 
             self._fallback = self._fallback or FileLock(str(self.path))
@@ -63,8 +68,6 @@ class WriterLock:
         if self._fallback is not None:  # pragma: no cover - not POSIX
             self._fallback.release()
         elif self._fd is not None:
-            import fcntl
-
             fcntl.flock(self._fd, fcntl.LOCK_UN)
 
     def close(self) -> None:
@@ -91,11 +94,12 @@ def read_lock(path: Path):
     """Wait for any writer in the middle of an append, without creating anything: a shared `flock` on the
     existing `<log>.lock`. No lock file (no writer ever appended), a lock file we cannot open (a read-only
     place, another user's file) or a platform without `fcntl` means nothing to wait for."""
+    if fcntl is None:  # pragma: no cover - not POSIX
+        yield
+        return
     try:
-        import fcntl
-
         fd = os.open(lock_path(path), os.O_RDONLY)
-    except (ImportError, OSError):
+    except OSError:
         yield
         return
     try:
