@@ -3,7 +3,8 @@
 `EventLog` writes a file; `MemoryLog` is the same log kept in memory (what-if builds, generated episodes).
 Both number and name events with one sequencer (`stamp`), so the same events get the same `seq`, ids and
 recorded copies in either. `ctxkit.logfile` defines the file format (a header line, then one hash-chained
-line per event) and the whole-file tools `verify`, `repair`, `read_events`, `read_header`;
+line per event) and the whole-file tools `verify`, `repair`, `read_events`, `iter_events` (streams, in constant
+memory), `read_header`;
 `ctxkit.conversation` converts OpenAI conversations. Both are re-exported here, so `ctxkit.log` is the one
 place to import from.
 
@@ -67,6 +68,7 @@ from ctxkit.logfile import (
     dumps_checked,
     check_line,
     fsync_dir,
+    iter_events,
     read_events,
     read_header,
     repair,
@@ -88,8 +90,8 @@ BUFFER_BYTES = 1 << 20
 _HOLDERS: dict[str, "weakref.ref[EventLog]"] = {}  # lock file -> this process's handle buffering under it
 
 __all__ = ["DURABILITY_MODES", "HEADER_KEY", "EventLog", "MemoryLog", "Problem", "RepairReport", "VerifyReport",
-           "export_conversation", "export_messages", "import_conversation", "load_conversation", "read_events",
-           "read_header", "repair", "stamp", "verify"]
+           "export_conversation", "export_messages", "import_conversation", "iter_events", "load_conversation",
+           "read_events", "read_header", "repair", "stamp", "verify"]
 
 
 # ---------------------------------------------------------------------------------------------- the logs

@@ -1,4 +1,4 @@
-"""The episode log's file format: line encoding, hash-chain checks, `verify`, `repair`, `read_events`.
+"""The episode log's file format: line encoding, hash-chain checks, `verify`, `repair`, `read_events`, `iter_events`.
 
 Line 1 is a header `{"ctxkit_log": SCHEMA_VERSION, "episode_id", "created", "metadata", "hash"}` where
 `hash` is the sha256 of the header's other keys as canonical JSON (orjson, sorted keys). Every other line
@@ -28,7 +28,7 @@ import os
 from collections import abc
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import orjson
 
@@ -39,7 +39,8 @@ from ctxkit.log_locks import read_lock, write_lock
 HEADER_KEY = "ctxkit_log"
 """Header key holding the schema version; its presence marks a file as a ctxkit log."""
 
-__all__ = ["HEADER_KEY", "Problem", "RepairReport", "VerifyReport", "read_events", "read_header", "repair", "verify"]
+__all__ = ["HEADER_KEY", "Problem", "RepairReport", "VerifyReport", "iter_events", "read_events", "read_header", "repair",
+           "verify"]
 
 
 # ---------------------------------------------------------------------------------------------- reports
@@ -261,13 +262,7 @@ def scan_log(path: Path, *, collect: bool, keep_events: bool = True, settle: boo
     while a line is being written, so a tail without a newline is either that line in flight or a crashed
     writer's torn line: with `settle`, only then wait on the lock (`read_lock`) and read on from there.
     Reading never creates a `.lock` file. `LogFormatError` when the file is missing or a folder."""
-    try:
-        fh = open(path, "rb")
-    except FileNotFoundError:
-        raise LogFormatError("no such log file", path=str(path)) from None
-    except IsADirectoryError:
-        raise LogFormatError("is a directory, not a log file", path=str(path)) from None
-    with fh:
+    with open_log(path) as fh:
         scan = scan_lines(fh, collect=collect, keep_events=keep_events)
         if scan.torn and settle:
             with read_lock(path):
@@ -275,6 +270,16 @@ def scan_log(path: Path, *, collect: bool, keep_events: bool = True, settle: boo
                 scan.torn = b""
                 scan_lines(fh, collect=collect, keep_events=keep_events, scan=scan)
     return scan
+
+
+def open_log(path: Path):
+    """The log file opened for reading (binary); `LogFormatError` when it is missing or a folder."""
+    try:
+        return open(path, "rb")
+    except FileNotFoundError:
+        raise LogFormatError("no such log file", path=str(path)) from None
+    except IsADirectoryError:
+        raise LogFormatError("is a directory, not a log file", path=str(path)) from None
 
 
 def torn_problem(scan: Scan, path: Path) -> LineProblem:
@@ -323,6 +328,40 @@ def read_events(path, *, allow_torn: bool = False) -> tuple[Event, ...]:
     if scan.header is None:
         raise LogFormatError("no complete header line", path=str(path), line=1)
     return tuple(scan.events)
+
+
+def iter_events(path, *, allow_torn: bool = False) -> Iterator[Event]:
+    """Stream a log's events one at a time, each line and the chain checked as it is read, holding one line in
+    memory (not the file): for logs too large to keep, or to stop early. The first problem raises its typed
+    error when the stream reaches it, after the events before it were yielded. A tail without a newline is
+    waited on like `read_events` does (a line in flight), then a `TornLineError` unless `allow_torn` (then it
+    ends the stream: it holds no complete event). The file stays open until the stream ends or is closed."""
+    path = Path(path)
+    with open_log(path) as fh:
+        line, pos, prev = 0, 0, ""
+        while raw := fh.readline():
+            if not raw.endswith(b"\n"):  # a line in flight (wait for its writer and read it again) or torn
+                with read_lock(path):
+                    fh.seek(pos)
+                    raw = fh.readline()
+                if not raw.endswith(b"\n"):
+                    if line == 0:
+                        raise TornLineError("the header line is incomplete", path=str(path), line=1)
+                    if allow_torn:
+                        return
+                    raise torn_problem(Scan(n_lines=line, torn=raw), path).error(path)
+            pos += len(raw)
+            line += 1
+            try:
+                if line == 1:
+                    prev = check_header(raw[:-1])[1]
+                    continue
+                event, prev = check_line(raw[:-1], line, prev)
+            except LineProblem as bad:
+                raise bad.error(path) from None
+            yield event
+        if line == 0:
+            raise LogFormatError("empty file: not a ctxkit log (no header)", path=str(path), line=1)
 
 
 def read_header(path) -> dict[str, Any]:
