@@ -138,12 +138,15 @@ def test_reads_stream_and_count_without_keeping_events(tmp_path):
     assert [e.tool_call_id for e in read_events(path)] == [f"call_{i:06d}" for i in range(300)]
 
 
-def test_bench_log_runs_every_arm(tmp_path):
-    result = run(30, fsync_events=4, folder=str(tmp_path))
+@pytest.mark.parametrize("rounds", [1, 2])
+def test_bench_log_runs_every_arm(tmp_path, rounds):
+    result = run(30, fsync_events=4, folder=str(tmp_path), rounds=rounds)
     assert [(a.name, a.events) for a in result.arms] == [
         ("append none", 30), ("append batch", 30), ("append always", 4), ("extend batch", 30),
         ("bare chained", 30), ("bare write+fsync", 4)]
-    assert sorted(result.ratios) == ["always time / bare write+fsync time", "batch / bare chained",
-                                     "extend / bare chained", "none / bare chained"]
+    assert sorted(result.ratios) == sorted(result.cpu_ratios) == [
+        "always time / bare write+fsync time", "batch / bare chained", "extend / bare chained", "none / bare chained"]
     assert list(tmp_path.iterdir()) == []  # the logs are removed
     assert all(400 <= a.bytes_per_event <= 500 for a in result.arms)  # ~450-byte lines
+    assert result.rounds == rounds and all(a.cpu_seconds >= 0 for a in result.arms)
+    assert sorted(result.to_dict()) == ["arms", "cpu_ratios", "folder", "ratios", "rounds"]
