@@ -60,6 +60,8 @@ def register_bench(subparsers) -> None:
     log.add_argument("--fsync-events", type=positive_int, default=None,
                      help="events for the fsync-per-event arms (default min(events, 2000))")
     log.add_argument("--dir", default=None, help="folder to write the logs in (default: the system temp folder)")
+    log.add_argument("--rounds", type=positive_int, default=1,
+                     help="run every arm this many times, interleaved, keeping each arm's best (default 1)")
     log.add_argument("--json", action="store_true", help="print the figures as JSON")
     log.set_defaults(func=_bench_log)
 
