@@ -293,7 +293,7 @@ class EventLog:
             if fd is None or self.durability == "none":
                 return self._write([event], sync=False)[0]
             lock = self._lock  # `always` and `batch`: one event, written before returning, under the lock
-            if not lock.acquire(blocking=False):
+            if not lock.try_acquire_fast():
                 self._wait_for_lock()
             try:
                 if os.lseek(fd, 0, os.SEEK_END) != self._offset:

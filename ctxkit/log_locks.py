@@ -20,6 +20,7 @@ try:
     import fcntl
 except ImportError:  # pragma: no cover - not POSIX: filelock's FileLock instead
     fcntl = None  # type: ignore[assignment]
+_EX_NB = fcntl.LOCK_EX | fcntl.LOCK_NB if fcntl is not None else 0
 
 __all__ = ["WriterLock", "lock_path", "read_lock", "write_lock"]
 
@@ -59,6 +60,16 @@ class WriterLock:
             self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX if blocking else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+
+    def try_acquire_fast(self) -> bool:
+        """`acquire(blocking=False)` in one system call once the descriptor is open (the append hot path)."""
+        if self._fd is None or fcntl is None:
+            return self.acquire(blocking=False)
+        try:
+            fcntl.flock(self._fd, _EX_NB)
         except BlockingIOError:
             return False
         return True

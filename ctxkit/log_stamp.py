@@ -89,7 +89,7 @@ def stamp(events: Iterable[Event], first_seq: int, ts: float) -> list[tuple[Even
 def stamp_line(event: Event, seq: int, ts: float, prev: str) -> tuple[Event, bytes, str]:
     """Stamp one event as `stamp` does and chain it after the line hashed `prev`: returns the recorded copy,
     its whole log line (the body, then `prev` and `hash`, and a newline) and its hash (`logfile.line_hash`)."""
-    recorded, _, body, canon = _stamp(event, seq, ts, 0)
+    recorded, _, body, canon = _stamp(event, seq, ts, 0, False)
     before = prev.encode()
     digest = _sha256(before + canon).hexdigest()
     return recorded, b"".join((body[:-1], b',"prev":"', before, b'","hash":"', digest.encode(), b'"}\n')), digest
@@ -100,7 +100,7 @@ def stamp_lines(events: list, first_seq: int, ts: float, prev: str) -> tuple[lis
     payload, the last line's hash). Nothing is returned unless every event stamps (all or none)."""
     recorded, lines = [], []
     for i, event in enumerate(events):
-        copy, _, body, canon = _stamp(event, first_seq + i, ts, i)
+        copy, _, body, canon = _stamp(event, first_seq + i, ts, i, False)
         before = prev.encode()
         prev = _sha256(before + canon).hexdigest()
         lines.append(b"".join((body[:-1], b',"prev":"', before, b'","hash":"', prev.encode(), b'"}\n')))
@@ -108,8 +108,9 @@ def stamp_lines(events: list, first_seq: int, ts: float, prev: str) -> tuple[lis
     return recorded, b"".join(lines), prev
 
 
-def _stamp(event: Any, seq: int, ts: float, index: int) -> tuple[Event, dict[str, Any], bytes, bytes]:
-    """(recorded copy, dict, line body in field order, canonical bytes the line hash covers) of one event."""
+def _stamp(event: Any, seq: int, ts: float, index: int, keep: bool = True) -> tuple[Event, dict[str, Any], bytes, bytes]:
+    """(recorded copy, dict, line body in field order, canonical bytes the line hash covers) of one event.
+    With `keep` False the caller drops the dict, so a flat event's copy may take it over."""
     cls = type(event)
     plan = _PLANS.get(cls)
     if plan is None:
@@ -174,7 +175,7 @@ def _stamp(event: Any, seq: int, ts: float, index: int) -> tuple[Event, dict[str
         if loaded != as_dict:  # NaN/inf (orjson writes null)
             check_finite(as_dict, f"event {seq} ({plan.kind})")
         return recorded_copy(event, loaded), as_dict, body, canon
-    state = as_dict.copy()  # the JSON round trip of a flat event: the same values, fresh empty containers
+    state = as_dict.copy() if keep else as_dict  # a flat event reads back as the same values (fresh empty containers)
     if empty is not None:
         for name in empty:
             state[name] = () if name in plan.sequences else type(state[name])()
