@@ -9,7 +9,7 @@
 # Everything comes from the repository and installed packages (HF_HUB_OFFLINE=1). Without CUDA it stops
 # at once with exit status 3 and says why. Results land in ${OUT:-runs/device_check}: mismatch JSON and
 # text per dtype, pytest output, and summary.txt (one line per stage with its exit status and seconds).
-#   usage: scripts/device_check.sh            (settings: experiments/gpu.toml [device_check] comment block)
+#   usage: scripts/device_check.sh   (environment: OUT, EPISODES=6, STEPS=4, PYTHON=.venv/bin/python)
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false TRL_EXPERIMENTAL_SILENCE=1

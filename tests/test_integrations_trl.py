@@ -190,3 +190,19 @@ def test_trl_grpo_two_steps_on_ctxkit_tool_episodes(tmp_path, tok, lm):
             assert out["prompt_ids"][k] == list(s.token_ids[:s.prompt_len])
     assert any(not torch.equal(start[n], p) for n, p in model.named_parameters())
     assert rollout.agent_for(trainer).lm.model is trainer.accelerator.unwrap_model(trainer.model)
+
+
+def test_device_check_fails_loudly_without_cuda(tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import REPO_ROOT
+
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present: scripts/device_check.sh would run for real")
+    proc = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "device_check.sh")], capture_output=True, text=True,
+                          env={**os.environ, "OUT": str(tmp_path / "out"), "PYTHON": sys.executable}, timeout=120)
+    assert proc.returncode == 3
+    assert "device_check: no CUDA device" in proc.stderr
+    assert "FAILED: no usable CUDA device" in (tmp_path / "out" / "summary.txt").read_text()

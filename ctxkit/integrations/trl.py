@@ -142,8 +142,9 @@ def trainable_copy(model: Any) -> Any:
     """A deep copy of a causal LM loaded from a `.gguf` file, made trainable by TRL / `transformers.Trainer`.
 
     `from_pretrained(gguf_file=...)` dequantizes every weight to the requested float dtype but keeps the
-    GGUF quantizer attached (`model.hf_quantizer`), and `Trainer` refuses a "purely quantized" model
-    (`transformers/trainer_utils.py`, `validate_quantization_for_training`). The copy drops that marker
+    GGUF quantizer's marks (`model.hf_quantizer`, `model.is_quantized`, `config._is_quantized`), and
+    `Trainer` refuses a "purely quantized" model (`transformers/trainer_utils.py`,
+    `validate_quantization_for_training`). The copy drops those marks
     after checking that every parameter really is floating point (`ConfigError` naming one that is not).
     The original (shared by `ctxkit.models`' cache) is left untouched.
     """
@@ -154,10 +155,19 @@ def trainable_copy(model: Any) -> Any:
             raise ConfigError(f"parameter {name} is {param.dtype}, not floating point: the model is really "
                               "quantized; attach trainable adapters (PEFT) instead")
     out = copy.deepcopy(model)
-    if getattr(out, "hf_quantizer", None) is not None:
-        out.hf_quantizer = None
-    if getattr(out.config, "quantization_config", None) is not None:
-        out.config.quantization_config = None
+    for module in out.modules():  # what transformers' quantizer set at load (quantizers/base.py)
+        if getattr(module, "hf_quantizer", None) is not None:
+            module.hf_quantizer = None
+        if "is_quantized" in vars(module):
+            module.is_quantized = False
+        if "quantization_method" in vars(module):
+            del module.quantization_method
+        config = getattr(module, "config", None)
+        if config is not None:
+            if getattr(config, "quantization_config", None) is not None:
+                config.quantization_config = None
+            if getattr(config, "_is_quantized", False):
+                config._is_quantized = False
     return out
 
 
