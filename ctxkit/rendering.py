@@ -137,8 +137,7 @@ class IncrementalRenderer(TurnLabeller):
         self._escape = False  # some escaped message holds special-token text: tokenize with escapes
         self.template: ChatTemplate = load_template(template, self.tokenizer)
         self.tools = None if tools is None else list(tools)
-        self._tools_plain = (None if tools is None else segments.plain_tools(tools) if segments is not None
-                             else plain_value(list(tools), "tools"))
+        self._tools_plain = None if tools is None else plain_value(list(tools), "tools") if segments is None else segments.plain_tools(tools)
         self._profile = template_profile(self.tokenizer, self.template)
         self._opener = safe_opener(self.tokenizer, self._profile.turn_opener) if segments is not None else None
         self._messages: list[dict] = []
