@@ -161,8 +161,7 @@ class EventLog:
         self._lock = WriterLock(path)
         self._mutex = threading.RLock()
         self._repair = repair
-        self._buffer: list[bytes] = []  # durability "none": lines written at flush/close/refresh (lock held)
-        self._buffered = 0
+        self._buffer = bytearray()  # durability "none": lines written at flush/close/refresh (lock held)
         self._unbuffered: tuple[int, str] = (len(self._events), self._last_hash)
         self._fd: int | None = os.open(path, os.O_RDWR | os.O_APPEND)
 
@@ -281,12 +280,11 @@ class EventLog:
         with self._mutex:
             if self._buffer:  # durability "none" with lines pending: the lock is held and the tail read
                 recorded, line, digest = stamp_line(event, len(self._events), time.time(), self._last_hash)
-                self._buffer.append(line)
-                self._buffered += len(line)
+                self._buffer += line
                 self._events.append(recorded)
                 self._last_hash = digest
                 self._cache = None
-                if self._buffered >= BUFFER_BYTES:
+                if len(self._buffer) >= BUFFER_BYTES:
                     self._write_buffer()
                 return recorded
             fd = self._fd
@@ -393,8 +391,7 @@ class EventLog:
                     if not self._buffer:
                         self._unbuffered = (len(self._events), self._last_hash)
                         _HOLDERS[self._lock.key] = weakref.ref(self)
-                    self._buffer.append(payload)
-                    self._buffered += len(payload)
+                    self._buffer += payload
                 else:
                     self._write_all(payload)
                     if sync:
@@ -406,7 +403,7 @@ class EventLog:
             finally:
                 if not self._buffer:
                     self._lock.release()
-            if self._buffered >= BUFFER_BYTES:
+            if len(self._buffer) >= BUFFER_BYTES:
                 self._write_buffer()
         return recorded
 
@@ -416,8 +413,7 @@ class EventLog:
         with self._mutex:
             if not self._buffer:
                 return
-            payload = b"".join(self._buffer)
-            self._buffer, self._buffered = [], 0
+            payload, self._buffer = self._buffer, bytearray()
             key = self._lock.key
             if key in _HOLDERS and _HOLDERS[key]() is self:
                 del _HOLDERS[key]
