@@ -87,6 +87,8 @@ fsync unless `flush` is called. See the module docstring for what a crash loses 
 BUFFER_BYTES = 1 << 20
 """Durability `none` writes its buffered lines once they reach this many bytes."""
 
+_now = time.time
+_SEEK_END = os.SEEK_END
 _HOLDERS: dict[str, "weakref.ref[EventLog]"] = {}  # lock file -> this process's handle buffering under it
 
 __all__ = ["DURABILITY_MODES", "HEADER_KEY", "EventLog", "MemoryLog", "Problem", "RepairReport", "VerifyReport",
@@ -294,10 +296,11 @@ class EventLog:
             if not lock.try_acquire_fast():
                 self._wait_for_lock()
             try:
-                if os.lseek(fd, 0, os.SEEK_END) != self._offset:
+                if os.lseek(fd, 0, _SEEK_END) != self._offset:
                     self._sync_tail()  # another process appended (or left a torn tail)
-                recorded, line, digest = stamp_line(event, len(self._events), time.time(), self._last_hash)
-                self._write_all(line)
+                recorded, line, digest = stamp_line(event, len(self._events), _now(), self._last_hash)
+                if os.write(fd, line) != len(line):  # a short write (a signal, a full disk): write the rest or undo
+                    self._write_rest(line)
                 if self.durability == "always":
                     os.fsync(fd)
                 self._offset += len(line)
@@ -427,6 +430,14 @@ class EventLog:
                 raise
             finally:
                 self._lock.release()
+
+    def _write_rest(self, line: bytes) -> None:
+        """After a short first `write` of one line at `self._offset`: write the rest, or cut what was written."""
+        try:
+            os.ftruncate(self._fd, self._offset)  # type: ignore[arg-type]
+        except OSError:
+            pass
+        self._write_all(line)
 
     def _write_all(self, payload: bytes) -> None:
         start = self._offset

@@ -39,7 +39,7 @@ _PLAIN_SEQUENCES = frozenset({"tools", "token_ids", "logprobs", "raw_logprobs"})
 """Tuple fields a reader builds as `tuple(json list)` (`events.event_from_dict`), with nothing to convert."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class StampPlan:
     """What stamping an event of one class needs, computed once per class (`plan_for`)."""
 
