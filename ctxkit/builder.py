@@ -410,9 +410,9 @@ class _RenderCache:
         """Prepared messages and segment ids shared by every renderer of this cache."""
         self._cache: OrderedDict[str, Any] = OrderedDict()
         self._chats: dict[ViewMessage, dict] = {}  # chat dicts of the messages of the last views
-        self._base: Any = None  # the IncrementalRenderer of the last view rendered
-        self._base_msgs: tuple[ViewMessage, ...] = ()
-        self._base_tools: tuple[Any, ...] | None = None
+        # (IncrementalRenderer, its messages, its tools) of the last views rendered, newest last: a compressor
+        # measures several candidates, and the next view extends the one it chose, not the last one measured
+        self._bases: list[tuple[Any, tuple[ViewMessage, ...], tuple[Any, ...]]] = []
 
     def _chat(self, m: ViewMessage) -> dict:
         chat = self._chats.get(m)
@@ -432,21 +432,25 @@ class _RenderCache:
         from ctxkit.rendering import IncrementalRenderer
 
         msgs = view.messages
-        n = len(self._base_msgs)
-        extends = (
-            self._base is not None and cache and view.tools == self._base_tools and len(msgs) >= n
-            and all(a is b for a, b in zip(msgs, self._base_msgs))
-        )
-        if extends:
-            renderer = self._base
-        else:
+        renderer, n = None, 0
+        if cache:
+            bases = self._bases
+            for k in range(len(bases) - 1, -1, -1):
+                base, base_msgs, base_tools = bases[k]
+                if (len(msgs) >= len(base_msgs) and view.tools == base_tools
+                        and all(a is b or a == b for a, b in zip(msgs, base_msgs))):
+                    renderer, n = base, len(base_msgs)
+                    del bases[k]  # extended in place: no longer the renderer of its old view
+                    break
+        if renderer is None:
             renderer = IncrementalRenderer(self.tokenizer, self.template, view.tools or None, self.special_tokens,
                                            segments=self.segments)
-            n = 0
         renderer.extend(self._chat(m) for m in msgs[n:])
         out = renderer.render(add_generation_prompt=True)
         if cache:
-            self._base, self._base_msgs, self._base_tools = renderer, msgs, view.tools
+            self._bases.append((renderer, msgs, view.tools))
+            if len(self._bases) > 4:
+                del self._bases[0]
             self._cache[view.hash] = out
             while len(self._cache) > self.size:
                 self._cache.popitem(last=False)
