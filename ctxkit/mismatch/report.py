@@ -73,9 +73,9 @@ def render_text(report: Mapping[str, Any]) -> str:
     keys = list(trap["trap_ratio_quantiles"])
     lines += [f"{trap['steps']} steps, {trap['tokens']} tokens sampled with {cfgs}", "",
               "| ratio | " + " | ".join(keys) + " | token mask share |", "|---|" + "---|" * (len(keys) + 1),
-              _qrow("trap: exp(processed recompute - raw behaviour)", trap["trap_ratio_quantiles"], ".4g")[:-1]
+              _qrow("trap: exp(processed recompute - raw behaviour)", trap["trap_ratio_quantiles"], ".4g")
               + f" {trap['trap_token_mask_share']:.2%} |",
-              _qrow("matched: exp(raw recompute - raw behaviour)", trap["matched_ratio_quantiles"], ".4g")[:-1]
+              _qrow("matched: exp(raw recompute - raw behaviour)", trap["matched_ratio_quantiles"], ".4g")
               + f" {trap['matched_token_mask_share']:.2%} |", "",
               f"sampled tokens outside the trainer's kept support (processed log-prob -inf): "
               f"{trap['outside_support']} of {trap['tokens']} ({trap['outside_support_share']:.2%})", ""]
