@@ -37,6 +37,12 @@ first buffered append and holds it until its buffer is written: a writer in anot
 meanwhile. Only writing takes the lock: opening, reading and refreshing create no `.lock` file (see
 `ctxkit.logfile`).
 
+Cost of one `always`/`batch` append: the stamp (`ctxkit.log_stamp.stamp_line`) and four system calls, `flock`,
+`lseek` (has the file grown since our last line? only then are the new lines read), `write` and `flock` to
+release. The lock is not held between appends on purpose: writers in several processes take turns on one log,
+and a reader that meets a line in flight waits on the lock for that line only (`read_lock`), never for an
+idle writer.
+
 L1: imports L0 (`events`, `errors`), `logfile`, `log_locks`, `log_stamp` and `conversation`.
 """
 

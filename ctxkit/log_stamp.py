@@ -3,10 +3,13 @@
 Kept apart from `ctxkit.log` so both logs share it. It is the hot path of an append, so each event class gets
 a plan once (`StampPlan`: field order, closed vocabularies, the measured-time field the id leaves out) and an
 event of that class is stamped by `stamp_line` with no per-event introspection: its dict is read straight
-from the instance, the vocabulary re-check is a set lookup per closed field, and its recorded copy is the JSON
-round trip of its line, built without re-running the checks the event passed when it was made. Anything the
-plan does not cover (a subclass, tool calls, edits, content parts, a forced field) takes the general path,
-which gives the same bytes, ids and copies.
+from the instance, the vocabulary re-check is a set lookup per closed field, and its recorded copy is what a
+reader of the file gets back, built without re-running the checks the event passed when it was made. A "flat"
+event (every value a str, int, bool, finite float or None, or an empty container) reads back as the same
+values, so its copy takes them without parsing its line (fresh empty containers: nothing mutable is shared
+with the caller); any other event's copy is built from the JSON round trip of its line. Anything the plan does
+not cover (a subclass, tool calls, edits, a forced field) takes the general path. Both give the same bytes,
+ids and copies as `events.event_to_dict` / `event_id` / `event_from_dict` (tests/test_log_stamp.py).
 
 L1: imports L0 (`events`, `errors`) and `logfile`.
 """
