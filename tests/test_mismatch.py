@@ -138,3 +138,10 @@ def test_control_transformers_sampling_vs_its_own_recompute(tmp_path, hf_tokeniz
     trap = report["trap"]
     assert trap["steps"] == 2 and trap["outside_support"] == 0
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_unknown_order_override_is_refused_before_reading(tmp_path):
+    from ctxkit.mismatch.scoring import score_steps
+
+    with pytest.raises(ConfigError, match=r"order='sglang': unknown; expected one of \['hf', 'vllm', 'llama.cpp'\]"):
+        score_steps(tmp_path / "never-read.jsonl", None, order="sglang")

@@ -1,5 +1,5 @@
 """`ctxkit mismatch LOGS... --model SPEC [--device] [--dtype] [--json F] [--plot F.png] [--clip C]
-[--mask-low a --mask-high b] [--threads N]`: behaviour vs trainer-recomputed log-probs of every sampled token (L5, thin)."""
+[--mask-low a --mask-high b] [--threads N] [--order O]`: behaviour vs trainer-recomputed log-probs of every sampled token (L5, thin)."""
 
 from __future__ import annotations
 
@@ -42,6 +42,8 @@ def register_mismatch(subparsers: Any) -> None:
     p.add_argument("--clip", type=_positive_float, default=2.0, help="truncated-IS clip C (default 2.0)")
     p.add_argument("--mask-low", type=_positive_float, default=0.5, help="token mask lower bound a (default 0.5)")
     p.add_argument("--mask-high", type=_positive_float, default=2.0, help="token mask upper bound b (default 2.0)")
+    p.add_argument("--order", choices=("hf", "vllm", "llama.cpp"), default=None,
+                   help="recompute processed log-probs in this sampling-transform order instead of the recorded one")
     p.add_argument("--threads", type=positive_int, default=None, metavar="N",
                    help="torch CPU threads (default: torch's own; 1 is fastest on a loaded small machine)")
     p.add_argument("--top", type=positive_int, default=10, help="extreme tokens listed per kind (default 10)")
@@ -62,7 +64,7 @@ def _mismatch(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(args.threads)
     result = measure(args.logs, model=model, device=args.device, dtype=args.dtype, clip=args.clip,
-                     mask_low=args.mask_low, mask_high=args.mask_high, top=args.top)
+                     mask_low=args.mask_low, mask_high=args.mask_high, top=args.top, order=args.order)
     print(render_text(result.report))
     if args.json:
         Path(args.json).write_text(json.dumps(result.report, indent=2) + "\n", encoding="utf-8")

