@@ -202,6 +202,7 @@ class ContextBuilder:
         request = CompressionRequest(
             view=view, events=events, tokenizer=self.tokenizer, template=self.template, budget=budget,
             measure=self.measure, pinned_texts=tuple(p.text for p in view.active_pins),
+            turn_starts=self.turn_starts,
         )
         try:
             compaction = self.compressor.compact(request)
@@ -240,6 +241,11 @@ class ContextBuilder:
     def measure(self, view: View) -> int:
         """Exact token count of the final render of `view` (generation prompt included); cached by view hash."""
         return len(self._renderer.render(view).token_ids)
+
+    def turn_starts(self, view: View) -> list[int | None] | None:
+        """Per message of `view`, the token where its turn opens in the final render (see
+        `CompressionRequest.turn_starts`); None when the template does not render turns one after another."""
+        return self._renderer.turn_starts(view)
 
     def _sync(self, events: Sequence[Event]) -> None:
         """Feed events not yet in the incremental view; start over if the log is not the one fed so far."""
@@ -409,10 +415,55 @@ class _RenderCache:
         self.segments = SegmentCache()
         """Prepared messages and segment ids shared by every renderer of this cache."""
         self._cache: OrderedDict[str, Any] = OrderedDict()
+        self._starts: dict[str, list[int | None]] = {}  # view hash -> turn_starts(view)
         self._chats: dict[ViewMessage, dict] = {}  # chat dicts of the messages of the last views
         # (IncrementalRenderer, its messages, its tools) of the last views rendered, newest last: a compressor
         # measures several candidates, and the next view extends the one it chose, not the last one measured
         self._bases: list[tuple[Any, tuple[ViewMessage, ...], tuple[Any, ...]]] = []
+
+    @cached_property
+    def _opener_id(self) -> int | None:
+        """Id of the template's turn opener when a view's render is its turns one after another, each
+        tokenized on its own (a local template, a segmentable tokenizer, a safe opener); else None."""
+        from ctxkit.render_segments import safe_opener
+        from ctxkit.template_profile import template_profile
+
+        profile = template_profile(self.tokenizer, self.template)
+        opener = safe_opener(self.tokenizer, profile.turn_opener)
+        return self.tokenizer.special_tokens[opener] if opener is not None and profile.locality.local else None
+
+    def turn_starts(self, view: View) -> list[int | None] | None:
+        """Per message of `view`, the token of its final render where its turn opener is (None for a message
+        that opens no turn of its own, e.g. a tool result sharing the previous one's turn); None when the
+        template does not render turns one after another or the render holds special-token text in content
+        (see `CompressionRequest.turn_starts`)."""
+        if self._opener_id is None:
+            return None
+        out = self.render(view)
+        if out.special_tokens_in_content:
+            return None
+        hit = self._starts.get(view.hash)
+        if hit is not None:
+            return hit
+        ids, opener = out.token_ids, self._opener_id
+        by_index = {sp.index: sp for sp in out.spans}
+        starts: list[int | None] = []
+        prev_end = 0
+        for i in range(len(view.messages)):
+            sp = by_index.get(i)
+            if sp is None or sp.end <= sp.start:
+                return None  # a message without text of its own: the turn of the next one is not certain
+            at = None
+            for k in range(sp.start - 1, max(prev_end, sp.start - 32) - 1, -1):
+                if ids[k] == opener:
+                    at = k
+                    break
+            starts.append(at)
+            prev_end = sp.end
+        if len(self._starts) > 8:
+            self._starts.clear()
+        self._starts[view.hash] = starts
+        return starts
 
     def _chat(self, m: ViewMessage) -> dict:
         chat = self._chats.get(m)

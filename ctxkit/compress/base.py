@@ -67,6 +67,12 @@ class CompressionRequest:
     """Exact token count of the final render of a view (cached by view hash by the builder)."""
     pinned_texts: tuple[str, ...] = ()
     """Texts of the active pins (reserved first; they stay visible whatever the compressor does)."""
+    turn_starts: Callable[[View], Sequence[int | None] | None] | None = None
+    """Optional: per message of a view, the token where its turn begins in the view's final render (its
+    turn opener), None for a message that opens no turn of its own; None when the template does not
+    render a view as its turns one after another (then cutting messages out cannot be predicted). With
+    it, the render of a view with messages `[a, b)` cut out is predicted to be `starts[b] - starts[a]`
+    tokens shorter; compressors measure the candidate they choose to confirm it (`fit_window`)."""
 
 
 @runtime_checkable

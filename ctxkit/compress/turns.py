@@ -96,12 +96,6 @@ def fit_window(
     groups = turn_groups(msgs)
     first = prefix_groups(groups, keep_first)
     droppable = max(0, len(groups) - first - keep_last)
-    tok = request.tokenizer
-    costs = [sum(message_cost(tok, msgs[k]) for k in range(s, e)) for s, e in groups]
-    # Calibrate the per-message scaffold from the measured size, to estimate candidates before measuring.
-    text_total = sum(costs) + sum(message_cost(tok, m) for m in view.messages if m.provenance.how == "pinned")
-    per_msg = max(0.0, (n_tokens - text_total) / max(1, len(view.messages)))
-    group_est = [c + per_msg * (e - s) for c, (s, e) in zip(costs, groups)]
 
     def candidate(d: int) -> tuple[list[DropEdit], View]:
         ids: list[str] = []
@@ -113,12 +107,6 @@ def fit_window(
         edits = [DropEdit(tuple(ids))]
         return edits, apply_edits(view, edits, where=who)
 
-    # First guess from the estimates.
-    need = n_tokens - target
-    d, acc = 0, 0.0
-    while d < droppable and acc < need:
-        acc += group_est[first + d]
-        d += 1
     measured: dict[int, tuple[int, list[DropEdit], View]] = {}
 
     def measure(d: int) -> int:
@@ -127,18 +115,67 @@ def fit_window(
             measured[d] = (request.measure(v) if edits else n_tokens, edits, v)
         return measured[d][0]
 
+    # Exact prediction: the size after dropping d groups is the measured size less the tokens from the first
+    # dropped turn's opener to the first kept one's. The chosen candidate is measured to confirm it.
+    sizes = predicted_sizes(request, view, n_tokens, msgs, groups, first, droppable)
+    if sizes is not None:
+        d = next((k for k, size in enumerate(sizes) if size <= target), droppable)
+        if measure(d) == sizes[d]:
+            if sizes[d] > budget:
+                _too_big(who, keep_first, keep_last, sizes[d], budget, n_tokens)
+            size, edits, v = measured[d]
+            return edits, v, size
+    tok = request.tokenizer
+    costs = [sum(message_cost(tok, msgs[k]) for k in range(s, e)) for s, e in groups]
+    # Calibrate the per-message scaffold from the measured size, to estimate candidates before measuring.
+    text_total = sum(costs) + sum(message_cost(tok, m) for m in view.messages if m.provenance.how == "pinned")
+    per_msg = max(0.0, (n_tokens - text_total) / max(1, len(view.messages)))
+    group_est = [c + per_msg * (e - s) for c, (s, e) in zip(costs, groups)]
+
+    # First guess from the estimates.
+    need = n_tokens - target
+    d, acc = 0, 0.0
+    while d < droppable and acc < need:
+        acc += group_est[first + d]
+        d += 1
     while measure(d) > target and d < droppable:
         d += 1
     if measure(d) > target:
         size = measure(d)
         if size > budget:
-            raise BudgetError(
-                f"{who}: even the first {keep_first} message(s), the pinned constraints and the newest "
-                f"{keep_last} turn(s) take {size} tokens, over the budget of {budget} tokens "
-                f"(the full view was {n_tokens} tokens)"
-            )
+            _too_big(who, keep_first, keep_last, size, budget, n_tokens)
     else:
         while d > 0 and measure(d - 1) <= target:  # keep as many groups as fit
             d -= 1
     size, edits, v = measured[d]
     return edits, v, size
+
+
+def predicted_sizes(request: CompressionRequest, view: View, n_tokens: int, msgs: Sequence[ViewMessage],
+                    groups: Sequence[tuple[int, int]], first: int, droppable: int) -> list[int] | None:
+    """Exact render sizes of `view` with its groups `first .. first + d - 1` dropped, for d = 0 .. droppable,
+    from the token where each turn begins in the render of `view` (`CompressionRequest.turn_starts`); None
+    when the request cannot tell (no `turn_starts`, or a group that does not open a turn of its own)."""
+    if request.turn_starts is None or droppable == 0:
+        return None
+    starts = request.turn_starts(view)
+    if starts is None:
+        return None
+    pinned = next((i for i, m in enumerate(view.messages) if m.provenance.how == "pinned"), None)
+    shift = 0 if pinned is None or pinned > groups[first][0] else 1  # the pinned block sits before the groups
+    if pinned is not None and shift == 0 and pinned <= groups[first + droppable][0]:
+        return None  # a pinned block among the droppable groups: not a plain cut
+    if groups[first][0] + shift == 0:
+        return None  # the first message is a template's special case (a default system prompt, `messages[0]`)
+    at = [starts[groups[first + d][0] + shift] for d in range(droppable + 1)]
+    if any(a is None for a in at):
+        return None
+    return [n_tokens - (a - at[0]) for a in at]
+
+
+def _too_big(who: str, keep_first: int, keep_last: int, size: int, budget: int, n_tokens: int) -> None:
+    raise BudgetError(
+        f"{who}: even the first {keep_first} message(s), the pinned constraints and the newest "
+        f"{keep_last} turn(s) take {size} tokens, over the budget of {budget} tokens "
+        f"(the full view was {n_tokens} tokens)"
+    )
