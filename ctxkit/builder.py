@@ -416,7 +416,7 @@ class _RenderCache:
         """Prepared messages and segment ids shared by every renderer of this cache."""
         self._cache: OrderedDict[str, Any] = OrderedDict()
         self._starts: dict[str, list[int | None]] = {}  # view hash -> turn_starts(view)
-        self._chats: dict[ViewMessage, dict] = {}  # chat dicts of the messages of the last views
+        self._chats: dict[ViewMessage, tuple[dict, Any]] = {}  # chat dicts of the messages of the last views
         # (IncrementalRenderer, its messages, its tools) of the last views rendered, newest last: a compressor
         # measures several candidates, and the next view extends the one it chose, not the last one measured
         self._bases: list[tuple[Any, tuple[ViewMessage, ...], tuple[Any, ...]]] = []
@@ -465,14 +465,18 @@ class _RenderCache:
         self._starts[view.hash] = starts
         return starts
 
-    def _chat(self, m: ViewMessage) -> dict:
-        chat = self._chats.get(m)
-        if chat is None:
+    def _chat(self, m: ViewMessage) -> tuple[dict, Any]:
+        """The chat dict of `m` and its `message_key`, made once per message (the dicts are never changed)."""
+        hit = self._chats.get(m)
+        if hit is None:
+            from ctxkit.render_segments import message_key
+
             chat = m.to_chat()
+            hit = (chat, message_key(chat))
             if len(self._chats) > 50_000:
                 self._chats.clear()
-            self._chats[m] = chat
-        return chat
+            self._chats[m] = hit
+        return hit
 
     def render(self, view: View, *, cache: bool = True) -> Any:
         """The `RenderedContext` of `view` with the generation prompt; ids equal a full `render()`."""
@@ -496,7 +500,8 @@ class _RenderCache:
         if renderer is None:
             renderer = IncrementalRenderer(self.tokenizer, self.template, view.tools or None, self.special_tokens,
                                            segments=self.segments)
-        renderer.extend(self._chat(m) for m in msgs[n:])
+        for m in msgs[n:]:
+            renderer.append(*self._chat(m))
         out = renderer.render(add_generation_prompt=True)
         if cache:
             self._bases.append((renderer, msgs, view.tools))

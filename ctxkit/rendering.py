@@ -187,10 +187,10 @@ class IncrementalRenderer(TurnLabeller):
         """The messages appended so far (as given)."""
         return tuple(self._messages)
 
-    def append(self, message: Mapping[str, Any]) -> None:
-        """Add one OpenAI message (validated; an assistant may carry sampled `token_ids`)."""
+    def append(self, message: Mapping[str, Any], key: Any = None) -> None:
+        """Add one OpenAI message (validated; an assistant may carry sampled `token_ids`); `key`: its `message_key`."""
         index = len(self._messages)
-        key = message_key(message) if (cache := self.segments) is not None else None
+        key = (message_key(message) if key is None else key) if (cache := self.segments) is not None else None
         hit = cache.prepared(key, message, self._call_ids) if key is not None else None
         if hit is not None:
             clean, sampled, chat, found, made, marked = hit
