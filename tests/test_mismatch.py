@@ -53,7 +53,7 @@ def test_kind_stats_exact_on_hand_built_steps():
     assert k["tis"] == {"clip": 2.0, "token_share": 0.2, "tokens": 1, "sequence_share": 0.5, "sequences": 1}
     assert k["token_mask"] == {"low": 0.5, "high": 2.0, "token_share": 0.4, "tokens": 2, "sequence_share": 0.5, "sequences": 1}
     # sequence ratios: a = 3 * 0.25 = 0.75 (kept), b = 2 * 2 = 4 > 3 (masked, its 2 of 5 tokens)
-    assert k["sequence_mask"] == {"clip_max": 3.0, "clip_min": None, "sequence_share": 0.5, "sequences": 1, "token_share": 0.4}
+    assert k["sequence_mask"] == {"clip_max": 3.0, "clip_min": None, "sequence_share": 0.5, "sequences": 1, "token_share": 0.4, "tokens": 2}
     assert [(e["position"], e["token_id"], e["text"], e["log"], e["step"]) for e in k["extremes"]] == [
         (12, 102, "<102>", "a.jsonl", 0), (11, 101, "<101>", "a.jsonl", 0)]
     assert k["extremes"][0]["ratio"] == pytest.approx(0.25, rel=1e-12)

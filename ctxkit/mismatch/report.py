@@ -37,7 +37,7 @@ def _kind_text(kind: str, k: Mapping[str, Any]) -> list[str]:
         f"| TIS, ratio > {t['clip']:g} | {t['tokens']} ({t['token_share']:.2%}) | {t['sequences']} ({t['sequence_share']:.2%}) |",
         f"| token mask, ratio outside [{m['low']:g}, {m['high']:g}] | {m['tokens']} ({m['token_share']:.2%}) | "
         f"{m['sequences']} ({m['sequence_share']:.2%}) |",
-        f"| TRL sequence_mask, seq ratio > {s['clip_max']:g} | ({s['token_share']:.2%}) | {s['sequences']} ({s['sequence_share']:.2%}) |",
+        f"| TRL sequence_mask, seq ratio > {s['clip_max']:g} | {s['tokens']} ({s['token_share']:.2%}) | {s['sequences']} ({s['sequence_share']:.2%}) |",
         "",
     ]
     for title, rows in (("position", k["by_position"]), ("sequence length", k["by_sequence_length"])):

@@ -128,7 +128,8 @@ def kind_stats(steps: Sequence[Any], *, clip: float = 2.0, mask_low: float = 0.5
                        "sequence_share": float(seq_masked_tok.mean()), "sequences": int(seq_masked_tok.sum())},
         "sequence_mask": {"clip_max": TRL_SEQUENCE_CLIP_MAX, "clip_min": None,
                           "sequence_share": float((~seq_keep).mean()), "sequences": int((~seq_keep).sum()),
-                          "token_share": float(seq_tokens[~seq_keep].sum() / seq_tokens.sum())},
+                          "token_share": float(seq_tokens[~seq_keep].sum() / seq_tokens.sum()),
+                          "tokens": int(seq_tokens[~seq_keep].sum())},
     }
 
 
