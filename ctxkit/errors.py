@@ -51,6 +51,26 @@ class SchemaVersionError(LogFormatError):
     """The log was written with a schema version this ctxkit cannot read."""
 
 
+class LogLockedError(CtxkitError):
+    """Another writer holds an event log (an `EventLog` opened with `lock="writer"` holds it until closed).
+    `path` names the log and `holder` the holder (`"pid 123 on host ..."`), None when unknown."""
+
+    def __init__(self, message: str, *, path: str | None = None, holder: str | None = None):
+        super().__init__(f"{path}: {message}" if path is not None else message)
+        self.path, self.holder = path, holder
+
+    def __reduce__(self):
+        return _rebuild_locked_error, (str(self), self.path, self.holder)
+
+
+def _rebuild_locked_error(text: str, path, holder) -> "LogLockedError":
+    """Unpickle a `LogLockedError` without adding its path prefix twice."""
+    exc = LogLockedError.__new__(LogLockedError)
+    Exception.__init__(exc, text)
+    exc.path, exc.holder = path, holder
+    return exc
+
+
 class TokenizerError(CtxkitError):
     """A tokenizer could not be loaded or used."""
 

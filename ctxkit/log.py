@@ -29,51 +29,43 @@ by `repair`. What a crash loses, by mode:
   chain); an OS crash also loses what the OS had not yet written. `events()` of the same object includes
   buffered events; other readers of the file see them after the buffer is written.
 
-Concurrency. Writers lock `<log>.lock` with an exclusive `flock` on a descriptor the handle opens at its
-first write and keeps (`ctxkit.log_locks.WriterLock`): `always` and `batch` take it for each append, first
-reading the lines other processes appended since our last read (checking their chain), so `seq` stays
-dense and the chain valid, and lines of different writers never interleave. A `none` handle takes it at the
-first buffered append and holds it until its buffer is written: a writer in another process waits
-meanwhile. Only writing takes the lock: opening, reading and refreshing create no `.lock` file (see
-`ctxkit.logfile`).
+Concurrency: the `lock` mode of a handle (`ctxkit.log_locks`). With `lock="append"` (the default) writers in
+several processes take turns on one log: each write takes an exclusive `flock` on `<log>.lock` (a descriptor
+opened at the first write and kept), first reading the lines others appended since our last read (checking
+their chain), so `seq` stays dense, the chain valid, and lines of different writers never interleave. One
+`always`/`batch` append costs the stamp (`ctxkit.log_stamp.stamp_line`) and four system calls: `flock`,
+`lseek` (did the file grow?), `write`, `flock` to release. A `none` handle takes the lock at its first
+buffered append and holds it until its buffer is written. Opening, reading and refreshing create no `.lock`.
+With `lock="writer"` one handle owns the log from open (or create) to close: it locks the log file and
+`<log>.lock` once (a second writer, in this process or another, gets `LogLockedError` naming the holder; a
+`writer` open waits up to `lock_timeout` seconds first), so an `always`/`batch` append is the stamp and one
+`write` (plus the fsync of `always`) and `none` buffers as above. Closing, dropping the handle, exiting or a
+SIGKILL release it (the kernel drops flocks). Readers never wait on a writer for more than a line in flight
+(`ctxkit.log_locks.wait_in_flight`), in either mode.
 
-Cost of one `always`/`batch` append: the stamp (`ctxkit.log_stamp.stamp_line`) and four system calls, `flock`,
-`lseek` (has the file grown since our last line? only then are the new lines read), `write` and `flock` to
-release. The lock is not held between appends on purpose: writers in several processes take turns on one log,
-and a reader that meets a line in flight waits on the lock for that line only (`read_lock`), never for an
-idle writer.
-
-L1: imports L0 (`events`, `errors`), `logfile`, `log_locks`, `log_stamp` and `conversation`.
+L1: imports L0 (`events`, `errors`), `logfile`, `log_locks`, `log_stamp`, `log_writer` and `conversation`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
-import secrets
 import threading
 import time
-import uuid
 import weakref
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
-
 from ctxkit.conversation import export_conversation, export_messages, import_conversation, load_conversation
-from ctxkit.errors import ConfigError, LogFormatError
-from ctxkit.events import SCHEMA_VERSION, Event
+from ctxkit.errors import ConfigError
+from ctxkit.events import Event
 from ctxkit.logfile import (
     HEADER_KEY,
-    LineProblem,
     Problem,
     RepairReport,
     Scan,
     VerifyReport,
     checked_scan,
-    dumps_checked,
-    check_line,
-    fsync_dir,
     iter_events,
     read_events,
     read_header,
@@ -82,8 +74,9 @@ from ctxkit.logfile import (
     torn_problem,
     verify,
 )
-from ctxkit.log_locks import WriterLock, read_lock, write_lock
+from ctxkit.log_locks import LOCK_MODES, WriterLock, wait_in_flight, write_lock
 from ctxkit.log_stamp import stamp, stamp_line, stamp_lines
+from ctxkit.log_writer import create_file, read_appended, write_all
 
 DURABILITY_MODES: tuple[str, ...] = ("always", "batch", "none")
 """`always`: write and fsync every append. `batch`: write every append, fsync per `extend`/`flush` and at
@@ -97,7 +90,7 @@ _now = time.time
 _SEEK_END = os.SEEK_END
 _HOLDERS: dict[str, "weakref.ref[EventLog]"] = {}  # lock file -> this process's handle buffering under it
 
-__all__ = ["DURABILITY_MODES", "HEADER_KEY", "EventLog", "MemoryLog", "Problem", "RepairReport", "VerifyReport",
+__all__ = ["DURABILITY_MODES", "HEADER_KEY", "LOCK_MODES", "EventLog", "MemoryLog", "Problem", "RepairReport", "VerifyReport",
            "export_conversation", "export_messages", "import_conversation", "iter_events", "load_conversation",
            "read_events", "read_header", "repair", "stamp", "verify"]
 
@@ -155,80 +148,60 @@ class MemoryLog:
 class EventLog:
     """An open episode log: appends events and keeps every event in memory (reading is free)."""
 
-    def __init__(self, path: Path, header: dict[str, Any], scan: Scan, durability: str, repair: bool = False):
+    def __init__(self, path: Path, header: dict[str, Any], scan: Scan, durability: str, repair: bool = False,
+                 held: tuple[int, WriterLock] | None = None):
         """Use `EventLog.create` or `EventLog.open`."""
         self.path: Path = path
         """The log file."""
         self.durability: str = durability
         """`always`, `batch` or `none` (see `DURABILITY_MODES`)."""
+        self.lock: str = "writer" if held else "append"
+        """`append` or `writer` (see `LOCK_MODES`)."""
         self._header = header
         self._events: list[Event] = list(scan.events)
         self._cache: tuple[Event, ...] | None = None
         self._last_hash: str = scan.last_hash  # type: ignore[assignment]
         self._offset = scan.good_len
-        self._lock = WriterLock(path)
+        self._owner = held is not None  # lock="writer": the lock is ours from open to close
+        self._lock = held[1] if held else WriterLock(path)
         self._mutex = threading.RLock()
         self._repair = repair
         self._buffer = bytearray()  # durability "none": lines written at flush/close/refresh (lock held)
         self._unbuffered: tuple[int, str] = (len(self._events), self._last_hash)
-        self._fd: int | None = os.open(path, os.O_RDWR | os.O_APPEND)
+        self._fd: int | None = held[0] if held else os.open(path, os.O_RDWR | os.O_APPEND)
 
     @staticmethod
-    def _check_durability(durability: str) -> None:
+    def _check_modes(durability: str, lock: str) -> None:
         if durability not in DURABILITY_MODES:
             raise ConfigError(f"durability={durability!r}; expected one of {list(DURABILITY_MODES)}")
+        if lock not in LOCK_MODES:
+            raise ConfigError(f"lock={lock!r}; expected one of {list(LOCK_MODES)}")
 
     @classmethod
     def create(cls, path, *, episode_id: str | None = None, durability: str = "batch",
-               metadata: Mapping[str, Any] | None = None) -> "EventLog":
-        """Create a new, empty log (the header only), and its folder if needed. Refuses to overwrite a file."""
-        cls._check_durability(durability)
+               metadata: Mapping[str, Any] | None = None, lock: str = "append",
+               lock_timeout: float = 0.0) -> "EventLog":
+        """Create a new, empty log (the header only), and its folder if needed. Refuses to overwrite a file.
+        `lock` and `lock_timeout` as in `open`."""
+        cls._check_modes(durability, lock)
         path = Path(path)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        except (FileExistsError, NotADirectoryError):
-            raise ConfigError(f"{path}: {path.parent} exists and is not a folder") from None
-        header = {
-            HEADER_KEY: SCHEMA_VERSION,
-            "episode_id": episode_id if episode_id is not None else f"ep-{uuid.uuid4().hex[:12]}",
-            "created": time.time(),
-            "metadata": dict(metadata or {}),
-        }
-        body = dumps_checked(header, "log header")
-        digest = hashlib.sha256(body).hexdigest()
-        line = body[:-1] + b',"hash":"' + digest.encode() + b'"}\n'
-        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-        try:
-            with open(tmp, "xb") as fh:  # write and sync the header, then link it into place atomically
-                fh.write(line)
-                fh.flush()
-                if durability != "none":
-                    os.fsync(fh.fileno())
-            try:
-                os.link(tmp, path)
-            except (PermissionError, NotImplementedError):  # no hard links here: exclusive create instead
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-                try:
-                    os.write(fd, line)
-                finally:
-                    os.close(fd)
-        except FileExistsError:
-            raise ConfigError(f"{path} already exists; use EventLog.open to append to it") from None
-        except FileNotFoundError:
-            raise ConfigError(f"{path}: the folder {path.parent} does not exist") from None
-        finally:
-            tmp.unlink(missing_ok=True)
-        if durability != "none":
-            fsync_dir(path)
-        return cls(path, header, Scan(header=header, last_hash=digest, n_lines=1, good_len=len(line)), durability)
+        scan = create_file(path, episode_id=episode_id, durability=durability, metadata=metadata)
+        if lock == "writer":  # read again under the locks: another writer may have appended since the link
+            return cls._open_held(path, durability, False, lock_timeout)
+        return cls(path, scan.header, scan, durability)  # type: ignore[arg-type]
 
     @classmethod
-    def open(cls, path, *, durability: str = "batch", repair: bool = False) -> "EventLog":
+    def open(cls, path, *, durability: str = "batch", repair: bool = False, lock: str = "append",
+             lock_timeout: float = 0.0) -> "EventLog":
         """Open an existing log, verifying every line. A torn last line is a `TornLineError` unless
         `repair=True`, which repairs it first (see `repair`), and also repairs a torn tail that another,
-        crashed writer leaves before one of our appends."""
-        cls._check_durability(durability)
+        crashed writer leaves before one of our appends. `lock="writer"` holds the log until `close` (appends
+        take no lock; any other writer is refused): it waits up to `lock_timeout` seconds for other writers
+        to let go, then raises `LogLockedError` naming the holder."""
+        cls._check_modes(durability, lock)
         path = Path(path)
+        if lock == "writer":
+            return cls._open_held(path, durability, repair, lock_timeout)
         scan = checked_scan(path)
         if scan.torn:
             if not repair:
@@ -239,6 +212,32 @@ class EventLog:
                     repair_tail(path, scan)
                     scan = checked_scan(path, settle=False)
         return cls(path, scan.header, scan, durability, repair)  # type: ignore[arg-type]
+
+    @classmethod
+    def _open_held(cls, path: Path, durability: str, repair: bool, timeout: float) -> "EventLog":
+        """`open` with `lock="writer"`: take the log, then read it (no one else writes it any more)."""
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_APPEND)
+        except OSError:
+            checked_scan(path)  # the typed error of a missing file or a folder
+            raise
+        lock = WriterLock(path)
+        try:
+            buffering = _HOLDERS.get(lock.key)  # a handle of this process holding the lock over its buffer
+            if buffering is not None and buffering() is not None:
+                buffering()._write_buffer()  # type: ignore[union-attr]
+            lock.hold(fd, timeout)
+            scan = checked_scan(path, settle=False)
+            if scan.torn:
+                if not repair:
+                    raise torn_problem(scan, path).error(path)
+                repair_tail(path, scan)
+                scan = checked_scan(path, settle=False)
+        except BaseException:
+            lock.close()
+            os.close(fd)
+            raise
+        return cls(path, scan.header, scan, durability, repair, held=(fd, lock))  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ reading
 
@@ -270,10 +269,13 @@ class EventLog:
         self._check_open()
         with self._mutex:
             self._write_buffer()
-            if self._sync_tail(torn_ok=True):  # a line in flight, or a crashed writer's torn line
-                with read_lock(self.path):
-                    torn = self._sync_tail(torn_ok=True)
-                if torn:  # no writer mid-line: raise it, or repair it (a write, under the writers' lock)
+            if not self._owner and self._sync_tail(torn_ok=True):  # a line in flight, or a crashed writer's torn line
+                held = wait_in_flight(self.path, lambda: not self._sync_tail(torn_ok=True))
+                if held:  # a writer still holds the lock after the wait: report, never wait on it
+                    torn = Scan(n_lines=len(self._events) + 1, torn=bytes(os.fstat(self._fd).st_size - self._offset),  # type: ignore[arg-type]
+                                in_flight=held)
+                    raise torn_problem(torn, self.path).error(self.path)
+                if held == "":  # no writer mid-line: raise it, or repair it (a write, under the writers' lock)
                     self._acquire()
                     try:
                         self._sync_tail()
@@ -298,24 +300,30 @@ class EventLog:
             fd = self._fd
             if fd is None or self.durability == "none":
                 return self._write([event], sync=False)[0]
+            if self._owner:  # lock="writer": the log is ours alone, our offset is its end
+                return self._write_line(fd, event)
             lock = self._lock  # `always` and `batch`: one event, written before returning, under the lock
             if not lock.try_acquire_fast():
                 self._wait_for_lock()
             try:
                 if os.lseek(fd, 0, _SEEK_END) != self._offset:
                     self._sync_tail()  # another process appended (or left a torn tail)
-                recorded, line, digest = stamp_line(event, len(self._events), _now(), self._last_hash)
-                if os.write(fd, line) != len(line):  # a short write (a signal, a full disk): write the rest or undo
-                    self._write_rest(line)
-                if self.durability == "always":
-                    os.fsync(fd)
-                self._offset += len(line)
-                self._events.append(recorded)
-                self._last_hash = digest
-                self._cache = None
+                return self._write_line(fd, event)
             finally:
                 lock.release()
-            return recorded
+
+    def _write_line(self, fd: int, event: Event) -> Event:
+        """Stamp one event and write its line with one `write` (`always`: and fsync it); the tail is ours."""
+        recorded, line, digest = stamp_line(event, len(self._events), _now(), self._last_hash)
+        if os.write(fd, line) != len(line):  # a short write (a signal, a full disk): write the rest or undo
+            self._write_rest(line)
+        if self.durability == "always":
+            os.fsync(fd)
+        self._offset += len(line)
+        self._events.append(recorded)
+        self._last_hash = digest
+        self._cache = None
+        return recorded
 
     def extend(self, events: Iterable[Event]) -> list[Event]:
         """Append several events in one write, never split by another writer (and one fsync in `always` and
@@ -334,7 +342,7 @@ class EventLog:
 
     def close(self) -> None:
         """Close the log: write any buffered events, fsync in `always`/`batch` mode, close the lock file's
-        descriptor. Closing twice is fine."""
+        descriptor (a `writer` handle lets go of the log). Closing twice is fine."""
         with self._mutex:
             if self._fd is None:
                 return
@@ -343,9 +351,9 @@ class EventLog:
                 if self.durability != "none":
                     os.fsync(self._fd)
             finally:
+                self._lock.close()
                 os.close(self._fd)
                 self._fd = None
-                self._lock.close()
 
     def __del__(self) -> None:
         try:  # like an io.BufferedWriter: a log dropped without close still writes what it buffered
@@ -360,7 +368,7 @@ class EventLog:
         self.close()
 
     def __repr__(self) -> str:
-        return f"EventLog({str(self.path)!r}, events={len(self._events)}, durability={self.durability!r})"
+        return f"EventLog({str(self.path)!r}, events={len(self._events)}, durability={self.durability!r}, lock={self.lock!r})"
 
     def _check_open(self) -> None:
         if self._fd is None:
@@ -378,14 +386,14 @@ class EventLog:
         holder = holder() if holder is not None else None
         if holder is not None and holder is not self:
             holder._write_buffer()
-        self._lock.acquire()
+        self._lock.wait(self._fd)  # `LogLockedError` when a lock="writer" handle owns the log
 
     def _write(self, events: list[Event], *, sync: bool) -> list[Event]:
         with self._mutex:
             fd = self._fd
             if fd is None:
                 self._check_open()
-            held = bool(self._buffer)  # a buffer is only ever pending under the lock, with the tail read
+            held = self._owner or bool(self._buffer)  # a buffer is only ever pending under the lock, tail read
             if not held and not self._lock.acquire(blocking=False):
                 self._wait_for_lock()
             try:
@@ -399,10 +407,11 @@ class EventLog:
                 if self.durability == "none":
                     if not self._buffer:
                         self._unbuffered = (len(self._events), self._last_hash)
-                        _HOLDERS[self._lock.key] = weakref.ref(self)
+                        if not self._owner:
+                            _HOLDERS[self._lock.key] = weakref.ref(self)
                     self._buffer += payload
                 else:
-                    self._write_all(payload)
+                    write_all(self._fd, payload, self._offset)  # type: ignore[arg-type]
                     if sync:
                         os.fsync(fd)  # type: ignore[arg-type]
                     self._offset += len(payload)
@@ -410,7 +419,7 @@ class EventLog:
                 self._last_hash = prev
                 self._cache = None
             finally:
-                if not self._buffer:
+                if not self._buffer and not self._owner:
                     self._lock.release()
             if len(self._buffer) >= BUFFER_BYTES:
                 self._write_buffer()
@@ -427,7 +436,7 @@ class EventLog:
             if key in _HOLDERS and _HOLDERS[key]() is self:
                 del _HOLDERS[key]
             try:
-                self._write_all(payload)
+                write_all(self._fd, payload, self._offset)  # type: ignore[arg-type]
                 self._offset += len(payload)
             except BaseException:
                 n, self._last_hash = self._unbuffered
@@ -435,7 +444,8 @@ class EventLog:
                 self._cache = None
                 raise
             finally:
-                self._lock.release()
+                if not self._owner:
+                    self._lock.release()
 
     def _write_rest(self, line: bytes) -> None:
         """After a short first `write` of one line at `self._offset`: write the rest, or cut what was written."""
@@ -443,58 +453,22 @@ class EventLog:
             os.ftruncate(self._fd, self._offset)  # type: ignore[arg-type]
         except OSError:
             pass
-        self._write_all(line)
-
-    def _write_all(self, payload: bytes) -> None:
-        start = self._offset
-        try:
-            written = os.write(self._fd, payload)  # type: ignore[arg-type]
-            if written == len(payload):  # one write: the usual case
-                return
-            view = memoryview(payload)[written:]
-            while view:
-                view = view[os.write(self._fd, view):]  # type: ignore[arg-type]
-        except BaseException:
-            try:  # never leave a partial line behind a failed write (we hold the lock)
-                os.ftruncate(self._fd, start)  # type: ignore[arg-type]
-            except OSError:
-                pass
-            raise
+        write_all(self._fd, line, self._offset)  # type: ignore[arg-type]
 
     def _sync_tail(self, *, torn_ok: bool = False) -> bool:
         """Take in lines appended by other processes since our last read (called under the lock, or with
         `torn_ok`). A tail without a newline raises (or is repaired), unless `torn_ok`: then it is left
         unread and True is returned."""
-        size = os.lseek(self._fd, 0, os.SEEK_END)  # type: ignore[arg-type]  (writes append; reads use pread)
-        if size == self._offset:
-            return False
-        if size < self._offset:
-            raise LogFormatError(f"log shrank from {self._offset} to {size} bytes while open", path=str(self.path))
-        chunks, pos = [], self._offset
-        while pos < size:
-            chunk = os.pread(self._fd, size - pos, pos)  # type: ignore[arg-type]
-            if not chunk:
-                break
-            chunks.append(chunk)
-            pos += len(chunk)
-        data = b"".join(chunks)
-        complete = data.rfind(b"\n") + 1
-        first = len(self._events) + 2
-        prev, new = self._last_hash, []
-        for i, raw in enumerate(data[: max(complete - 1, 0)].split(b"\n") if complete else ()):
-            try:
-                event, prev = check_line(raw, first + i, prev)
-            except LineProblem as bad:
-                raise bad.error(self.path) from None
-            new.append(event)
+        new, prev, complete, tail = read_appended(self._fd, self._offset, len(self._events) + 2,  # type: ignore[arg-type]
+                                                  self._last_hash, self.path)
         self._events.extend(new)
         self._last_hash = prev
         self._offset += complete
         self._cache = None
-        if complete != len(data):  # another writer mid-line, or one that died there
+        if tail:  # another writer mid-line, or one that died there
             if torn_ok:
                 return True
-            scan = Scan(n_lines=len(self._events) + 1, torn=data[complete:], last_hash=prev, good_len=self._offset)
+            scan = Scan(n_lines=len(self._events) + 1, torn=tail, last_hash=prev, good_len=self._offset)
             if not self._repair:
                 raise torn_problem(scan, self.path).error(self.path)
             repair_tail(self.path, scan)

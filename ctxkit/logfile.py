@@ -9,9 +9,11 @@ with one `write` on an O_APPEND descriptor); `repair` removes it, keeping the re
 side file, or completes it when only its newline is missing.
 
 Locks (`ctxkit.log_locks`). Only writers lock: an append or a repair holds an exclusive `flock` on
-`<log>.lock`. Readers (`read_events`, `verify`, a `repair` with nothing to repair) never create that file, so
-reading a log leaves its folder as it was; a reader that finds a tail without a newline waits on the existing
-lock file, if any (`read_lock`), and reads again, so a line in flight is not reported torn.
+`<log>.lock` (a `lock="writer"` handle holds it from open to close). Readers (`read_events`, `iter_events`,
+`verify`, a `repair` with nothing to repair) never create that file, so reading a log leaves its folder as it
+was; a reader that finds a tail without a newline re-reads it while a writer holds the lock
+(`wait_in_flight`), so a line in flight is not reported torn, and it never hangs: after `IN_FLIGHT_WAIT_S`
+with the writer still holding the lock the tail is reported as in flight or torn, naming the writer.
 
 The helpers without a leading underscore that are not in `__all__` (`check_line`, `scan_log`, ...) are
 shared with `ctxkit.log`'s writer; they are not part of the public API.
@@ -34,7 +36,7 @@ import orjson
 
 from ctxkit.errors import ConfigError, LogFormatError, MessageFormatError, SchemaVersionError, TornLineError
 from ctxkit.events import SCHEMA_VERSION, Event, event_from_dict
-from ctxkit.log_locks import read_lock, write_lock
+from ctxkit.log_locks import IN_FLIGHT_WAIT_S, wait_in_flight, write_lock
 
 HEADER_KEY = "ctxkit_log"
 """Header key holding the schema version; its presence marks a file as a ctxkit log."""
@@ -217,6 +219,7 @@ class Scan:
     problems: list = field(default_factory=list)
     good_len: int = 0
     torn: bytes = b""
+    in_flight: str | None = None  # the torn tail's writer still held the lock after IN_FLIGHT_WAIT_S (who)
 
 
 def scan_lines(lines: Iterable[bytes], *, collect: bool, keep_events: bool = True, scan: Scan | None = None) -> Scan:
@@ -260,15 +263,19 @@ def scan_lines(lines: Iterable[bytes], *, collect: bool, keep_events: bool = Tru
 def scan_log(path: Path, *, collect: bool, keep_events: bool = True, settle: bool = True) -> Scan:
     """Stream a log file through `scan_lines` without taking the writers' lock. A writer holds the lock
     while a line is being written, so a tail without a newline is either that line in flight or a crashed
-    writer's torn line: with `settle`, only then wait on the lock (`read_lock`) and read on from there.
+    writer's torn line: with `settle`, only then re-read on from there until it is complete or known torn
+    (`wait_in_flight`; `Scan.in_flight` names a writer that still held the lock when the wait ended).
     Reading never creates a `.lock` file. `LogFormatError` when the file is missing or a folder."""
     with open_log(path) as fh:
         scan = scan_lines(fh, collect=collect, keep_events=keep_events)
         if scan.torn and settle:
-            with read_lock(path):
+            def read_on() -> bool:
                 fh.seek(scan.good_len)
                 scan.torn = b""
                 scan_lines(fh, collect=collect, keep_events=keep_events, scan=scan)
+                return not scan.torn
+
+            scan.in_flight = wait_in_flight(path, read_on) or None
     return scan
 
 
@@ -285,6 +292,10 @@ def open_log(path: Path):
 def torn_problem(scan: Scan, path: Path) -> LineProblem:
     """The problem describing a scan's torn tail."""
     line = scan.n_lines + 1
+    if scan.in_flight:
+        return LineProblem(line, "torn", f"last line is incomplete ({len(scan.torn)} bytes without a newline) and "
+                                  f"a writer still held the log after {IN_FLIGHT_WAIT_S:g} s ({scan.in_flight}): a "
+                                  "line being written, or one that writer tore; read again, or pass allow_torn=True")
     return LineProblem(line, "torn", f"last line is incomplete ({len(scan.torn)} bytes without a newline: a crash "
                               f"mid-append); run `ctxkit log verify {path} --repair` or open with repair=True")
 
@@ -334,22 +345,27 @@ def iter_events(path, *, allow_torn: bool = False) -> Iterator[Event]:
     """Stream a log's events one at a time, each line and the chain checked as it is read, holding one line in
     memory (not the file): for logs too large to keep, or to stop early. The first problem raises its typed
     error when the stream reaches it, after the events before it were yielded. A tail without a newline is
-    waited on like `read_events` does (a line in flight), then a `TornLineError` unless `allow_torn` (then it
-    ends the stream: it holds no complete event). The file stays open until the stream ends or is closed."""
+    re-read like `read_events` does (a line in flight; never a hang behind an idle writer), then a
+    `TornLineError` unless `allow_torn` (then it ends the stream: it holds no complete event). The file stays
+    open until the stream ends or is closed."""
     path = Path(path)
     with open_log(path) as fh:
         line, pos, prev = 0, 0, ""
         while raw := fh.readline():
-            if not raw.endswith(b"\n"):  # a line in flight (wait for its writer and read it again) or torn
-                with read_lock(path):
+            if not raw.endswith(b"\n"):  # a line in flight (read it again while its writer holds the lock) or torn
+                def read_again() -> bool:
+                    nonlocal raw
                     fh.seek(pos)
                     raw = fh.readline()
+                    return raw.endswith(b"\n")
+
+                held = wait_in_flight(path, read_again)
                 if not raw.endswith(b"\n"):
                     if line == 0:
                         raise TornLineError("the header line is incomplete", path=str(path), line=1)
                     if allow_torn:
                         return
-                    raise torn_problem(Scan(n_lines=line, torn=raw), path).error(path)
+                    raise torn_problem(Scan(n_lines=line, torn=raw, in_flight=held or None), path).error(path)
             pos += len(raw)
             line += 1
             try:

@@ -243,7 +243,7 @@ def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
 
 
 LOG_LAYER = ("ctxkit.events", "ctxkit.errors", "ctxkit.log", "ctxkit.logfile", "ctxkit.log_locks", "ctxkit.log_stamp",
-             "ctxkit.conversation", "ctxkit.state")
+             "ctxkit.log_writer", "ctxkit.conversation", "ctxkit.state")
 
 
 def test_the_log_layer_has_no_import_cycle():
@@ -257,13 +257,15 @@ def test_the_log_layer_has_no_import_cycle():
 def test_the_log_layer_imports_only_below_or_beside_it():
     graph = import_graph()
     allowed = {"ctxkit.events": {"ctxkit.errors", "ctxkit.edits", "ctxkit.content"}, "ctxkit.errors": set(),
-               "ctxkit.log_locks": set(),
+               "ctxkit.log_locks": {"ctxkit.errors"},
                "ctxkit.logfile": {"ctxkit.events", "ctxkit.errors", "ctxkit.edits", "ctxkit.content", "ctxkit.log_locks"},
+               "ctxkit.log_writer": {"ctxkit.events", "ctxkit.errors", "ctxkit.edits", "ctxkit.content", "ctxkit.logfile",
+                                     "ctxkit.log_locks"},
                "ctxkit.log_stamp": {"ctxkit.events", "ctxkit.errors", "ctxkit.edits", "ctxkit.content", "ctxkit.logfile",
                                     "ctxkit.log_locks"},
                "ctxkit.conversation": {"ctxkit.events", "ctxkit.errors", "ctxkit.edits", "ctxkit.content"},
                "ctxkit.log": {"ctxkit.events", "ctxkit.errors", "ctxkit.edits", "ctxkit.logfile", "ctxkit.log_locks",
-                              "ctxkit.log_stamp", "ctxkit.conversation", "ctxkit.content"},
+                              "ctxkit.log_stamp", "ctxkit.log_writer", "ctxkit.conversation", "ctxkit.content"},
                "ctxkit.state": {"ctxkit.events", "ctxkit.errors", "ctxkit.edits", "ctxkit.content"}}
     for name, ok in allowed.items():
         assert reachable(graph, name) <= ok, f"{name} reaches {sorted(reachable(graph, name) - ok)}"
