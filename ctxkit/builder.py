@@ -209,8 +209,9 @@ class ContextBuilder:
         except LogFormatError as exc:  # e.g. an edit of an unknown kind, refused when the Compaction was made
             raise InvariantError(f"compressor {self.compressor.spec.name} proposed invalid edits: {exc}") from None
         truncated = False
-        pending_before = pending_calls(view.messages)
+        pending_before = None  # without a compaction the view keeps its pending calls: nothing to compare
         if compaction is not None:
+            pending_before = pending_calls(view.messages)
             name = self.compressor.spec.name
             if not isinstance(compaction, Compaction):
                 raise InvariantError(f"compressor {name} returned {type(compaction).__name__}, not a Compaction")

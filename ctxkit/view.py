@@ -425,13 +425,14 @@ def pairing_problems(messages: Sequence[ViewMessage], *, allow_pending: bool = T
     answered: set[str] = set()  # calls of the current calling message already answered
     in_tool_run = False
     for m in messages:
-        ev = ",".join(m.provenance.event_ids)
         if m.role == "tool":
             cid = m.tool_call_id
             if in_tool_run and cid in open_calls:
                 del open_calls[cid]
                 answered.add(cid)
-            elif in_tool_run and cid in answered:
+                continue
+            ev = ",".join(m.provenance.event_ids)
+            if in_tool_run and cid in answered:
                 problems.append(PairingProblem("duplicated_result", ev, cid,
                                                f"tool result {ev} answers call {cid!r}, which an earlier result "
                                                "already answered (duplicated result)"))
@@ -440,13 +441,15 @@ def pairing_problems(messages: Sequence[ViewMessage], *, allow_pending: bool = T
                                                f"tool result {ev} answers call {cid!r} with no matching call "
                                                "before it (orphaned result)"))
             continue
+        ev = ",".join(m.provenance.event_ids) if (open_calls or m.tool_calls) else ""
         for cid, src in open_calls.items():
             problems.append(PairingProblem("unanswered_call", src, cid,
                                            f"tool call {cid!r} of {src} has no result before the next message "
                                            f"{ev} (unanswered call)"))
         in_tool_run = bool(m.tool_calls)
-        open_calls = {tc.id: ev for tc in m.tool_calls}
-        answered = set()
+        open_calls = {tc.id: ev for tc in m.tool_calls} if in_tool_run else {}
+        if answered:
+            answered = set()
     if not allow_pending:
         for cid, src in open_calls.items():
             problems.append(PairingProblem("pending_call", src, cid,
