@@ -272,8 +272,8 @@ class EventLog:
             if not self._owner and self._sync_tail(torn_ok=True):  # a line in flight, or a crashed writer's torn line
                 held = wait_in_flight(self.path, lambda: not self._sync_tail(torn_ok=True))
                 if held:  # a writer still holds the lock after the wait: report, never wait on it
-                    torn = Scan(n_lines=len(self._events) + 1, torn=bytes(os.fstat(self._fd).st_size - self._offset),  # type: ignore[arg-type]
-                                in_flight=held)
+                    size = os.fstat(self._fd).st_size  # type: ignore[arg-type]
+                    torn = Scan(n_lines=len(self._events) + 1, torn=bytes(size - self._offset), in_flight=held)
                     raise torn_problem(torn, self.path).error(self.path)
                 if held == "":  # no writer mid-line: raise it, or repair it (a write, under the writers' lock)
                     self._acquire()

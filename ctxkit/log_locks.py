@@ -227,13 +227,13 @@ def write_lock(path: Path):
             os.close(log_fd)
 
 
-def wait_in_flight(path: Path, complete: Callable[[], bool], *, timeout: float = IN_FLIGHT_WAIT_S) -> str | None:
+def wait_in_flight(path: Path, complete: Callable[[], bool], *, timeout: float | None = None) -> str | None:
     """For a reader that found a tail without a newline: call `complete()` (read the tail again; True once it
     ends in a newline) until it is True, or until no writer holds `<log>.lock` (taken shared without blocking,
     then `complete()` once more: no writer is mid-line, so a tail still without a newline is torn), or until
-    `timeout` seconds passed with a writer holding it. Returns None when the tail completed, `""` when it is
-    torn, else the holder (`"pid ..."`, or `"a writer"` when unknown): the tail may be in flight or torn.
-    Never blocks on a lock and creates nothing (no lock file means no writer to wait for)."""
+    `timeout` seconds (default `IN_FLIGHT_WAIT_S`) passed with a writer holding it. Returns None when the tail
+    completed, `""` when it is torn, else the holder (`"pid ..."`, or `"a writer"` when unknown): the tail may
+    be in flight or torn. Never blocks on a lock and creates nothing (no lock file: no writer to wait for)."""
     if fcntl is None:  # pragma: no cover - not POSIX
         return None if complete() else ""
     try:
@@ -241,7 +241,7 @@ def wait_in_flight(path: Path, complete: Callable[[], bool], *, timeout: float =
     except OSError:
         return None if complete() else ""
     try:
-        deadline, delay = time.monotonic() + timeout, 0.0005
+        deadline, delay = time.monotonic() + (IN_FLIGHT_WAIT_S if timeout is None else timeout), 0.0005
         while True:
             try:
                 fcntl.flock(fd, _SH_NB)
