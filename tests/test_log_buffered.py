@@ -10,7 +10,7 @@ import sys
 import orjson
 import pytest
 
-from ctxkit.benchmarks.log_bench import bench_events, run
+from ctxkit.benchmarks.log_bench import bench_events, run, table
 from ctxkit.events import (EpisodeEnd, EpisodeStart, Message, Step, ToolCall, ToolResult, event_from_dict, event_id,
                            event_to_dict)
 from ctxkit.log import EventLog, read_events, verify
@@ -141,11 +141,16 @@ def test_reads_stream_and_count_without_keeping_events(tmp_path):
 @pytest.mark.parametrize("rounds", [1, 2])
 def test_bench_log_runs_every_arm(tmp_path, rounds):
     result = run(30, fsync_events=4, folder=str(tmp_path), rounds=rounds)
-    assert [(a.name, a.events) for a in result.arms] == [
-        ("append none", 30), ("append batch", 30), ("append always", 4), ("extend batch", 30),
-        ("bare chained", 30), ("bare write+fsync", 4)]
-    assert sorted(result.ratios) == sorted(result.cpu_ratios) == [
-        "always time / bare write+fsync time", "batch / bare chained", "extend / bare chained", "none / bare chained"]
+    assert [(a.name, a.events, a.lock) for a in result.arms] == [
+        ("append none", 30, "append"), ("append none [writer]", 30, "writer"),
+        ("append batch", 30, "append"), ("append batch [writer]", 30, "writer"),
+        ("append always", 4, "append"), ("append always [writer]", 4, "writer"),
+        ("extend batch", 30, "append"), ("extend batch [writer]", 30, "writer"),
+        ("bare chained", 30, ""), ("bare write+fsync", 4, "")]
+    names = ["always time / bare write+fsync time", "batch / bare chained", "extend / bare chained", "none / bare chained"]
+    assert sorted(result.ratios) == sorted(result.cpu_ratios) == sorted(names + [n + " [writer]" for n in names])
+    text = table(result)
+    assert [line.split()[-2:] for line in text.split("\n") if line.startswith("ratio")] == [["lock=append", "lock=writer"]]
     assert list(tmp_path.iterdir()) == []  # the logs are removed
     assert all(400 <= a.bytes_per_event <= 500 for a in result.arms)  # ~450-byte lines
     assert result.rounds == rounds and all(a.cpu_seconds >= 0 for a in result.arms)

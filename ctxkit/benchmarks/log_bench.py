@@ -1,15 +1,17 @@
 """`ctxkit bench log`: `EventLog` append rates against bare loops, side by side in one run (Layer L4).
 
 Arms, each on its own fresh log in one folder, over the same ~450-byte events (a `ToolResult` whose line,
-with its `prev` and `hash`, is about 450 bytes):
+with its `prev` and `hash`, is about 450 bytes), the log arms once per lock mode (`EventLog(lock=...)`:
+`append`, writers taking turns with a lock per write, named as below; `writer`, one handle holding the log
+from open to close, named with a ` [writer]` suffix), run one after the other so they meet the same load:
 - `append none`, `append batch`, `append always`: `EventLog.append` one event at a time (then `close`).
 - `extend batch`: `EventLog.extend` in batches of 1000 (one fsync each).
 - `bare chained`: orjson (sorted keys) + sha256 chained over the previous hash, written through a buffered
   file: the floor a hash-chained JSONL log can reach in Python.
 - `bare write+fsync`: `os.write` + `os.fsync` per pre-encoded line: the floor of `always`.
 `always` and `bare write+fsync` run `fsync_events` events (fsync is slow; both get the same count). Rates
-are events per second; ratios are `append none` and `append batch` over `bare chained`, and the time per
-event of `append always` over `bare write+fsync`. Each arm is timed on the wall clock and on this process's
+are events per second; ratios (per lock mode) are `append none`, `append batch` and `extend batch` over
+`bare chained`, and the time per event of `append always` over `bare write+fsync`. Each arm is timed on the wall clock and on this process's
 CPU clock (user + system: what the loop itself cost, less sensitive to other work on a shared machine);
 `rounds` > 1 runs every arm that many times, interleaved, and keeps each arm's best wall and best CPU time.
 Speed is measured here, never in tests.
@@ -32,10 +34,13 @@ import orjson
 from ctxkit.events import ToolResult
 from ctxkit.log import EventLog
 
-__all__ = ["LogBenchArm", "LogBenchResult", "bench_events", "run"]
+__all__ = ["LOCK_SUFFIX", "LogBenchArm", "LogBenchResult", "bench_events", "run"]
 
 CONTENT_CHARS = 150
 """Characters of tool output per event: with the ids, hashes and fields the log line is ~450 bytes."""
+
+LOCK_SUFFIX = {"append": "", "writer": " [writer]"}
+"""What a log arm's name ends with, per lock mode."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,8 @@ class LogBenchArm:
     """Mean size of a written event line (a log's header left out)."""
     cpu_seconds: float = 0.0
     """CPU time (user + system) of this process during the loop."""
+    lock: str = ""
+    """The log's lock mode (`append` or `writer`); empty for the bare loops."""
 
     @property
     def rate(self) -> float:
@@ -81,8 +88,9 @@ class LogBenchResult:
 
     @property
     def ratios(self) -> dict[str, float]:
-        """`append none` and `append batch` rates over `bare chained`; `append always` time per event over
-        `bare write+fsync` (lower is better; the target is <= 1.5). Wall clock."""
+        """Per lock mode (the key ends with its `LOCK_SUFFIX`): `append none`, `append batch` and `extend batch`
+        rates over `bare chained`; `append always` time per event over `bare write+fsync` (lower is better;
+        the target is <= 1.5). Wall clock."""
         return self._ratios(lambda a: a.seconds)
 
     @property
@@ -92,11 +100,14 @@ class LogBenchResult:
 
     def _ratios(self, seconds: Callable[[LogBenchArm], float]) -> dict[str, float]:
         per = lambda name: seconds(self.arm(name)) / self.arm(name).events  # noqa: E731
-        bare = per("bare chained")
-        return {"none / bare chained": bare / per("append none"),
-                "batch / bare chained": bare / per("append batch"),
-                "extend / bare chained": bare / per("extend batch"),
-                "always time / bare write+fsync time": per("append always") / per("bare write+fsync")}
+        bare, out = per("bare chained"), {}
+        for suffix in LOCK_SUFFIX.values():
+            out.update({f"none / bare chained{suffix}": bare / per(f"append none{suffix}"),
+                        f"batch / bare chained{suffix}": bare / per(f"append batch{suffix}"),
+                        f"extend / bare chained{suffix}": bare / per(f"extend batch{suffix}"),
+                        f"always time / bare write+fsync time{suffix}": per(f"append always{suffix}")
+                        / per("bare write+fsync")})
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form (`--json`)."""
@@ -112,13 +123,14 @@ def bench_events(n: int) -> list[ToolResult]:
             for i in range(n)]
 
 
-def _timed(name: str, n: int, path: Path, loop: Callable[[], None]) -> LogBenchArm:
+def _timed(name: str, n: int, path: Path, loop: Callable[[], None], lock: str = "") -> LogBenchArm:
     before = path.stat().st_size if path.exists() else 0  # a log's header is not an event
     start, cpu = time.perf_counter(), time.process_time()
     loop()
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     size = path.stat().st_size - before
-    return LogBenchArm(name=name, events=n, seconds=seconds, bytes_per_event=size / n if n else 0.0, cpu_seconds=cpu)
+    return LogBenchArm(name=name, events=n, seconds=seconds, bytes_per_event=size / n if n else 0.0, cpu_seconds=cpu,
+                       lock=lock)
 
 
 def run(n_events: int = 20000, *, fsync_events: int | None = None, folder: str | None = None,
@@ -147,27 +159,29 @@ def _round(events: list[ToolResult], n_sync: int, where: Path, say: Callable[[st
     arms = []
     try:
         for mode, n in (("none", n_events), ("batch", n_events), ("always", n_sync)):
-            say(f"append {mode}: {n} events")
-            path = where / f"append-{mode}.jsonl"
-            log = EventLog.create(path, durability=mode)
+            for lock, suffix in LOCK_SUFFIX.items():
+                say(f"append {mode}{suffix}: {n} events")
+                path = where / f"append-{mode}-{lock}.jsonl"
+                log = EventLog.create(path, durability=mode, lock=lock)
 
-            def loop(log=log, n=n):
-                append = log.append
-                for event in events[:n]:
-                    append(event)
+                def loop(log=log, n=n):
+                    append = log.append
+                    for event in events[:n]:
+                        append(event)
+                    log.close()
+
+                arms.append(_timed(f"append {mode}{suffix}", n, path, loop, lock))
+        for lock, suffix in LOCK_SUFFIX.items():
+            say(f"extend batch{suffix}: {n_events} events in batches of 1000")
+            path = where / f"extend-batch-{lock}.jsonl"
+            log = EventLog.create(path, durability="batch", lock=lock)
+
+            def extend_loop(log=log):
+                for i in range(0, n_events, 1000):
+                    log.extend(events[i:i + 1000])
                 log.close()
 
-            arms.append(_timed(f"append {mode}", n, path, loop))
-        say(f"extend batch: {n_events} events in batches of 1000")
-        path = where / "extend-batch.jsonl"
-        log = EventLog.create(path, durability="batch")
-
-        def extend_loop():
-            for i in range(0, n_events, 1000):
-                log.extend(events[i:i + 1000])
-            log.close()
-
-        arms.append(_timed("extend batch", n_events, path, extend_loop))
+            arms.append(_timed(f"extend batch{suffix}", n_events, path, extend_loop, lock))
         say(f"bare chained: {n_events} events")
         dicts = [{**dataclasses.asdict(e), "seq": i, "id": f"e{i}-00000000", "ts": 1.0} for i, e in enumerate(events)]
         path = where / "bare-chained.jsonl"
@@ -183,7 +197,7 @@ def _round(events: list[ToolResult], n_sync: int, where: Path, say: Callable[[st
 
         arms.append(_timed("bare chained", n_events, path, bare_loop))
         say(f"bare write+fsync: {n_sync} events")
-        lines = (where / "append-always.jsonl").read_bytes().split(b"\n")[1:n_sync + 1]
+        lines = (where / "append-always-append.jsonl").read_bytes().split(b"\n")[1:n_sync + 1]
         path = where / "bare-fsync.jsonl"
 
         def fsync_loop():
@@ -202,15 +216,17 @@ def _round(events: list[ToolResult], n_sync: int, where: Path, say: Callable[[st
 
 
 def table(result: LogBenchResult) -> str:
-    """The figures as a plain-text table, then the ratios."""
-    rows = [f"{'arm':<18} {'events':>7} {'seconds':>9} {'events/s':>10} {'CPU s':>9} {'events/CPU s':>13} "
+    """The figures as a plain-text table, then the ratios of both lock modes side by side."""
+    rows = [f"{'arm':<27} {'events':>7} {'seconds':>9} {'events/s':>10} {'CPU s':>9} {'events/CPU s':>13} "
             f"{'bytes/event':>12}"]
     for a in result.arms:
-        rows.append(f"{a.name:<18} {a.events:>7} {a.seconds:>9.4f} {a.rate:>10,.0f} {a.cpu_seconds:>9.4f} "
+        rows.append(f"{a.name:<27} {a.events:>7} {a.seconds:>9.4f} {a.rate:>10,.0f} {a.cpu_seconds:>9.4f} "
                     f"{a.cpu_rate:>13,.0f} {a.bytes_per_event:>12.0f}")
-    rows.append("")
-    cpu = result.cpu_ratios
-    rows.extend(f"{name}: {value:.2f} (CPU: {cpu[name]:.2f})" for name, value in result.ratios.items())
+    ratios, cpu = result.ratios, result.cpu_ratios
+    rows += ["", f"{'ratio (wall, CPU)':<37} {'lock=append':>16} {'lock=writer':>16}"]
+    for name in (k for k in ratios if not k.endswith(LOCK_SUFFIX["writer"])):
+        cells = [f"{ratios[name + s]:.2f} ({cpu[name + s]:.2f})" for s in LOCK_SUFFIX.values()]
+        rows.append(f"{name:<37} {cells[0]:>16} {cells[1]:>16}")
     rows.append(f"folder: {result.folder}; best of {result.rounds} round(s) per arm")
     return "\n".join(rows)
 

@@ -54,7 +54,8 @@ def register_bench(subparsers) -> None:
     build.add_argument("--json", action="store_true", help="print the figures as JSON")
     build.set_defaults(func=_build)
     log = sub.add_parser("log", help="EventLog append rates against bare loops",
-                         description="Time EventLog appends (durability none/batch/always, extend) beside a bare "
+                         description="Time EventLog appends (durability none/batch/always, extend), in both lock "
+                                     "modes (append: a lock per write; writer: held from open to close), beside a bare "
                                      "orjson+sha256 chained loop and a bare write+fsync loop (ctxkit.benchmarks.log_bench).")
     log.add_argument("--events", type=positive_int, default=20000, help="events per arm (default 20000)")
     log.add_argument("--fsync-events", type=positive_int, default=None,
