@@ -28,6 +28,7 @@ _PUBLIC: dict[str, str] = {
     # L1
     "EventLog": "ctxkit.log",
     "MemoryLog": "ctxkit.log",
+    "iter_events": "ctxkit.log",
     "load_tokenizer": "ctxkit.tokenizers",
     "load_template": "ctxkit.templates",
     "read_episodes": "ctxkit.importers",

@@ -21,7 +21,7 @@ from conftest import REPO_ROOT, tokenizer_dir
 FUNCTIONS = {
     "render", "samples", "replay", "resume", "load_tokenizer", "load_template", "check_template",
     "build_view", "check_compressor", "make_compressor", "context_hash", "encode_assistant_turn",
-    "read_episodes", "add_offline_steps", "compressed_samples",
+    "read_episodes", "add_offline_steps", "compressed_samples", "iter_events",
 }
 """The public names that are functions; every other public name is a class or a constant."""
 
@@ -83,6 +83,8 @@ CALL_EVERY_FUNCTION = textwrap.dedent(
     log.append(ctxkit.EpisodeEnd(outcome="terminated", cause="answered", reward=1.0, reward_kind="scored"))
     log.close()
     assert isinstance(ctxkit.build_view(log.events()), ctxkit.View)
+    streamed = ctxkit.iter_events(folder / "ep.jsonl")
+    assert [e.id for e in streamed] == [e.id for e in log.events()]
     assert ctxkit.replay(folder / "ep.jsonl", step=0).ok
     (sample,) = ctxkit.samples(folder / "ep.jsonl")
     assert sum(sample.loss_mask) == len(ids)
