@@ -144,7 +144,10 @@ def _run_episode(config: ExperimentConfig, spec: EpisodeSpec, out_dir: str | Pat
     with tempfile.TemporaryDirectory(prefix="ctxkit-task-") as tmp:
         episode = task.episode(spec.seed, Path(tmp))
         agent_cfg = config.agent(arm.agent)
-        log = EventLog.create(path, episode_id=spec.key, metadata={"experiment": config.name, "arm": arm.name})
+        # One process writes an episode's log, start to end (resume sets a partial log aside and starts over):
+        # it holds the log from create to close (lock="writer"), so an append is one write.
+        log = EventLog.create(path, episode_id=spec.key, metadata={"experiment": config.name, "arm": arm.name},
+                              lock="writer")
         try:
             log.append(EpisodeStart(
                 episode_id=spec.key,
