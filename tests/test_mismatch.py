@@ -103,7 +103,12 @@ def test_llama_cpp_order_filters_before_the_temperature():
 def test_cli_errors_name_what_and_where(tmp_path, capsys):
     missing = tmp_path / "nope.jsonl"
     assert main(["mismatch", str(missing), "--model", "default"]) == 2
-    assert f"mismatch: log {missing} does not exist" in capsys.readouterr().err
+    assert f"{missing} does not exist (expected an episode log or a run folder)" in capsys.readouterr().err
+    empty = tmp_path / "run"
+    (empty / "episodes").mkdir(parents=True)
+    (empty / "episodes" / "notes.jsonl").write_text('{"not": "a ctxkit log"}\n')
+    assert main(["mismatch", str(empty), "--model", "default"]) == 2
+    assert f"mismatch: no ctxkit episode log under {empty}" in capsys.readouterr().err
     assert main(["mismatch", str(missing), "--model", "default", "--mask-low", "3"]) == 2
     assert "--mask-low 3 > --mask-high 2" in capsys.readouterr().err
     assert main(["mismatch", str(missing), "--model", "default", "--clip", "-1"]) == 2

