@@ -25,6 +25,7 @@ import orjson
 
 from ctxkit.errors import CtxkitError
 from ctxkit.events import Compaction, EpisodeEnd, EpisodeStart, Event, event_to_dict
+from ctxkit.offline_steps import OFFLINE_BUDGET
 
 __all__ = ["CLASS_CODES", "Pool", "context_segments", "episode_data", "token_classes"]
 
@@ -171,6 +172,8 @@ def episode_data(path: str | Path, pool: Pool, *, tokenizer: Any = None, templat
     end = next((e for e in reversed(events) if isinstance(e, EpisodeEnd)), None)
     desc = dict(start.context) if start is not None else {}
     budget = desc.get("budget") if isinstance(desc.get("budget"), int) else None
+    if budget is not None and budget >= OFFLINE_BUDGET:
+        budget = None  # an imported trajectory's offline steps: no real budget, shown as "no budget recorded"
     reserved = int(desc.get("reserve_tokens", 0) or 0)
     data: dict[str, Any] = {
         "path": str(path), "label": label or str(path), "episode_id": episode_id or (start.episode_id if start else ""),

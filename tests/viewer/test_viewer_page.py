@@ -47,6 +47,7 @@ def test_episode_page_is_the_replayed_context(tau_log, tmp_path):
     steps = [e for e in events if isinstance(e, Step)]
     assert page.n_steps == len(ep["steps"]) == len(steps) == verify_log(tau_log).n_ok
     assert [e["id"] for e in ep["events"]] == [e.id for e in events]
+    assert ep["budget"] is None  # offline steps record OFFLINE_BUDGET, which is no budget: the bar says so
     # every step's context, joined back from the segment pool, is the replayed context token for token
     result = verify_log(tau_log).results
     for k, (rec, r) in enumerate(zip(ep["steps"], result)):
