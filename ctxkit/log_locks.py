@@ -51,7 +51,13 @@ IN_FLIGHT_WAIT_S = 2.0
 """How long a reader re-reads a tail without a newline while a writer holds the lock, before it reports the
 tail as in flight or torn."""
 
-__all__ = ["IN_FLIGHT_WAIT_S", "LOCK_MODES", "WriterLock", "lock_path", "wait_in_flight", "write_lock"]
+__all__ = ["IN_FLIGHT_WAIT_S", "LOCK_MODES", "WriterLock", "in_flight_wait_s", "lock_path", "wait_in_flight",
+           "write_lock"]
+
+
+def in_flight_wait_s() -> float:
+    """`IN_FLIGHT_WAIT_S` as it is now (read at each call, so a test or a program may change it)."""
+    return IN_FLIGHT_WAIT_S
 
 
 def lock_path(path: Path) -> Path:
@@ -241,7 +247,7 @@ def wait_in_flight(path: Path, complete: Callable[[], bool], *, timeout: float |
     except OSError:
         return None if complete() else ""
     try:
-        deadline, delay = time.monotonic() + (IN_FLIGHT_WAIT_S if timeout is None else timeout), 0.0005
+        deadline, delay = time.monotonic() + (in_flight_wait_s() if timeout is None else timeout), 0.0005
         while True:
             try:
                 fcntl.flock(fd, _SH_NB)

@@ -36,8 +36,7 @@ import orjson
 
 from ctxkit.errors import ConfigError, LogFormatError, MessageFormatError, SchemaVersionError, TornLineError
 from ctxkit.events import SCHEMA_VERSION, Event, event_from_dict
-from ctxkit import log_locks
-from ctxkit.log_locks import wait_in_flight, write_lock
+from ctxkit.log_locks import in_flight_wait_s, wait_in_flight, write_lock
 
 HEADER_KEY = "ctxkit_log"
 """Header key holding the schema version; its presence marks a file as a ctxkit log."""
@@ -295,7 +294,7 @@ def torn_problem(scan: Scan, path: Path) -> LineProblem:
     line = scan.n_lines + 1
     if scan.in_flight:
         return LineProblem(line, "torn", f"last line is incomplete ({len(scan.torn)} bytes without a newline) and "
-                                  f"a writer still held the log after {log_locks.IN_FLIGHT_WAIT_S:g} s ({scan.in_flight}): a "
+                                  f"a writer still held the log after {in_flight_wait_s():g} s ({scan.in_flight}): a "
                                   "line being written, or one that writer tore; read again, or pass allow_torn=True")
     return LineProblem(line, "torn", f"last line is incomplete ({len(scan.torn)} bytes without a newline: a crash "
                               f"mid-append); run `ctxkit log verify {path} --repair` or open with repair=True")

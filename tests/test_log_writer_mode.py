@@ -17,7 +17,7 @@ import time
 import pytest
 
 from ctxkit.cli import main
-from ctxkit.errors import ConfigError, LogLockedError, TornLineError
+from ctxkit.errors import ConfigError, LogFormatError, LogLockedError, TornLineError
 from ctxkit.events import Message, ToolResult
 from ctxkit.log import EventLog, iter_events, read_events, repair, verify
 from ctxkit import log_locks
@@ -60,6 +60,9 @@ def test_reopening_in_writer_mode_continues_the_chain(tmp_path):
 def test_bad_lock_mode_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match=r"lock='exclusive'; expected one of \['append', 'writer'\]"):
         EventLog.create(tmp_path / "ep.jsonl", lock="exclusive")
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(LogFormatError, match=r"missing\.jsonl: no such log file"):
+        EventLog.open(tmp_path / "missing.jsonl", lock="writer")
     assert list(tmp_path.iterdir()) == []
 
 
