@@ -19,7 +19,6 @@ view (after a compaction) re-uses the prepared messages and segment ids of earli
 from __future__ import annotations
 
 import dataclasses
-from collections import OrderedDict
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Mapping, Sequence
@@ -31,6 +30,7 @@ from ctxkit.errors import (BudgetError, ConfigError, InvariantError, LogFormatEr
 from ctxkit.events import Compaction, EpisodeStart, Event, Pin, Unpin
 from ctxkit.log import MemoryLog as MemoryLog  # its home is ctxkit.log; kept importable from here
 from ctxkit.pins import detect_constraints, resolve_pin_rules
+from ctxkit.render_cache import RenderCache
 from ctxkit.special_tokens import RECORDED_DEFAULT, resolve_special_tokens
 from ctxkit.view import (Provenance, View, ViewMessage, ViewState, apply_edits, build_view, make_view, pairing_problems,
                          pending_calls)
@@ -123,7 +123,7 @@ class ContextBuilder:
         self.pin_rules = resolve_pin_rules(detect_pins)
         self.detect_pins = self.pin_rules is not None
         self.special_tokens = resolve_special_tokens(special_tokens, "ContextBuilder: special_tokens")
-        self._renderer = _RenderCache(self.tokenizer, self.template, special_tokens=self.special_tokens)
+        self._renderer = RenderCache(self.tokenizer, self.template, special_tokens=self.special_tokens)
         self._state: ViewState | None = None
         self._fed_ids: list[str] = []
         self._scanned = 0
@@ -318,12 +318,13 @@ def rebuild(
         if start is not None and isinstance(start.context.get("budget"), int):
             budget = start.context["budget"] - int(start.context.get("reserve_tokens", 0) or 0)
     check_pairing(view)
-    rendered = _RenderCache(tok, tmpl, special_tokens=special_tokens).render(view)
+    rendered = RenderCache(tok, tmpl, special_tokens=special_tokens).render(view)
     truncated = budget is not None and len(rendered.token_ids) > budget
     return _finish(view, rendered, tok, budget, (), truncated)
 
 
 # ---------------------------------------------------------------------------------------------- internals
+
 
 
 def check_pairing(view: View, *, pending_before: Sequence[str] | None = None) -> None:
@@ -394,121 +395,3 @@ def check_pins(view: View, rendered: Any, tok: Any, decoded: dict | None = None)
         for key in list(decoded)[: len(decoded) - 128]:
             del decoded[key]
     return tuple(checked)
-
-
-class _RenderCache:
-    """Renders views with the generation prompt. Results are cached by view hash; a view whose messages
-    extend the last rendered view's (same message objects, in order) is rendered incrementally by
-    `IncrementalRenderer` (only the new text is tokenized). Any other view (after a compaction) gets a
-    new renderer sharing one `ctxkit.render_segments.SegmentCache`: every message seen before is taken
-    prepared, and every piece of rendered text between turn openers seen before (an unchanged message
-    in the same position class) keeps its ids, so only new or changed text is tokenized. Templates that
-    are not local (`TemplateProfile.locality`: Qwen3, Mistral v0.3) are rendered whole each time; their
-    text is still cut into segments when the tokenizer allows it."""
-
-    def __init__(self, tokenizer: Any, template: Any, size: int = 8, special_tokens: Any = None):
-        from ctxkit.render_segments import SegmentCache
-
-        self.tokenizer = tokenizer
-        self.special_tokens = special_tokens
-        self.template = template
-        self.size = size
-        self.segments = SegmentCache()
-        """Prepared messages and segment ids shared by every renderer of this cache."""
-        self._cache: OrderedDict[str, Any] = OrderedDict()
-        self._starts: dict[str, list[int | None]] = {}  # view hash -> turn_starts(view)
-        self._chats: dict[ViewMessage, tuple[dict, Any]] = {}  # chat dicts of the messages of the last views
-        # (IncrementalRenderer, its messages, its tools) of the last views rendered, newest last: a compressor
-        # measures several candidates, and the next view extends the one it chose, not the last one measured
-        self._bases: list[tuple[Any, tuple[ViewMessage, ...], tuple[Any, ...]]] = []
-
-    @cached_property
-    def _opener_id(self) -> int | None:
-        """Id of the template's turn opener when a view's render is its turns one after another, each
-        tokenized on its own (a local template, a segmentable tokenizer, a safe opener); else None."""
-        from ctxkit.render_segments import safe_opener
-        from ctxkit.template_profile import template_profile
-
-        profile = template_profile(self.tokenizer, self.template)
-        opener = safe_opener(self.tokenizer, profile.turn_opener)
-        return self.tokenizer.special_tokens[opener] if opener is not None and profile.locality.local else None
-
-    def turn_starts(self, view: View) -> list[int | None] | None:
-        """Per message of `view`, the token of its final render where its turn opener is (None for a message
-        that opens no turn of its own, e.g. a tool result sharing the previous one's turn); None when the
-        template does not render turns one after another or the render holds special-token text in content
-        (see `CompressionRequest.turn_starts`)."""
-        if self._opener_id is None:
-            return None
-        out = self.render(view)
-        if out.special_tokens_in_content:
-            return None
-        hit = self._starts.get(view.hash)
-        if hit is not None:
-            return hit
-        ids, opener = out.token_ids, self._opener_id
-        by_index = {sp.index: sp for sp in out.spans}
-        starts: list[int | None] = []
-        prev_end = 0
-        for i in range(len(view.messages)):
-            sp = by_index.get(i)
-            if sp is None or sp.end <= sp.start:
-                return None  # a message without text of its own: the turn of the next one is not certain
-            at = None
-            for k in range(sp.start - 1, max(prev_end, sp.start - 32) - 1, -1):
-                if ids[k] == opener:
-                    at = k
-                    break
-            starts.append(at)
-            prev_end = sp.end
-        if len(self._starts) > 8:
-            self._starts.clear()
-        self._starts[view.hash] = starts
-        return starts
-
-    def _chat(self, m: ViewMessage) -> tuple[dict, Any]:
-        """The chat dict of `m` and its `message_key`, made once per message (the dicts are never changed)."""
-        hit = self._chats.get(m)
-        if hit is None:
-            from ctxkit.render_segments import message_key
-
-            chat = m.to_chat()
-            hit = (chat, message_key(chat))
-            if len(self._chats) > 50_000:
-                self._chats.clear()
-            self._chats[m] = hit
-        return hit
-
-    def render(self, view: View, *, cache: bool = True) -> Any:
-        """The `RenderedContext` of `view` with the generation prompt; ids equal a full `render()`."""
-        hit = self._cache.get(view.hash) if cache else None
-        if hit is not None:
-            self._cache.move_to_end(view.hash)
-            return hit
-        from ctxkit.rendering import IncrementalRenderer
-
-        msgs = view.messages
-        renderer, n = None, 0
-        if cache:
-            bases = self._bases
-            for k in range(len(bases) - 1, -1, -1):
-                base, base_msgs, base_tools = bases[k]
-                if (len(msgs) >= len(base_msgs) and view.tools == base_tools
-                        and all(a is b or a == b for a, b in zip(msgs, base_msgs))):
-                    renderer, n = base, len(base_msgs)
-                    del bases[k]  # extended in place: no longer the renderer of its old view
-                    break
-        if renderer is None:
-            renderer = IncrementalRenderer(self.tokenizer, self.template, view.tools or None, self.special_tokens,
-                                           segments=self.segments)
-        for m in msgs[n:]:
-            renderer.append(*self._chat(m))
-        out = renderer.render(add_generation_prompt=True)
-        if cache:
-            self._bases.append((renderer, msgs, view.tools))
-            if len(self._bases) > 4:
-                del self._bases[0]
-            self._cache[view.hash] = out
-            while len(self._cache) > self.size:
-                self._cache.popitem(last=False)
-        return out

@@ -43,6 +43,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from ctxkit.chat_messages import message_text, validate_message
 from ctxkit.errors import MessageFormatError, RenderError, SpecialTokenError, TemplateError
+from ctxkit.render_cut import PrefixCut
 from ctxkit.render_mask import TextRegion, TurnLabeller
 from ctxkit.render_segments import SegmentCache, encode_segments, made_calls, message_key, safe_opener, strings_in
 from ctxkit.special_tokens import encode_escaped, find_special_tokens, resolve_special_tokens
@@ -122,7 +123,7 @@ def context_hash(token_ids: Iterable[int]) -> str:
 # ------------------------------------------------------------------------------------- renderer
 
 
-class IncrementalRenderer(TurnLabeller):
+class IncrementalRenderer(TurnLabeller, PrefixCut):
     """Renders a growing conversation; each `render` tokenizes only text after the last stable
     special-token boundary and relabels only what changed. Ids equal a full `render` every time."""
 
@@ -145,6 +146,7 @@ class IncrementalRenderer(TurnLabeller):
         self._sampled: list[tuple[int, ...] | None] = []
         self._call_ids: set[str] = set()
         self._structural_ok = bool(self._profile.generation_prompt and self._profile.end_of_turn)
+        self._marked_at: int | None = None  # the message that turned structural location off
         self._turn_text: dict[int, str] = {}
         self._special_len = {i: len(t) for t, i in self.tokenizer.special_tokens.items()}
         # rendered-space state
@@ -160,14 +162,14 @@ class IncrementalRenderer(TurnLabeller):
         self._final: TextRegion | None = None  # the trailing generation prompt, if rendered
         self._located = 0  # messages whose regions are in self._regions (in order)
         self._unresolved: list[int] = []  # messages whose text was not found in the last render
-        self._n_assistant = 0
-        self._any_sampled = False
+        self._n_assistant, self._any_sampled = 0, False
         self._hash_cp: tuple[int, Any] = (0, hashlib.sha256(b"ctxkit-context-v1"))
         self._mode = ""
         # windowed text rendering (templates found local by `template_locality`)
         locality = self._profile.locality
         self._local, self._reach, self._prompt = locality.local, locality.reach, locality.prompt
         self._core: tuple[int, str] | None = None  # (m, render of the first m messages without prompt)
+        self._core_marks: list[tuple[int, int]] = []  # (m, its core's length) of earlier cores (`PrefixCut`)
         self._head: str | None = None  # render of the first `reach` messages (see window_delta)
         self._subs: list[_Sub] = []  # sampled-id substitutions of the last output, in order
         self._out: tuple[list, list, list] = ([], [], [])  # output ids/mask/roles up to the last one
@@ -216,7 +218,7 @@ class IncrementalRenderer(TurnLabeller):
             if marked is None:
                 marked = any(m in s for s in strings_in(chat) for m in self._profile.markers)
             if marked:
-                self._structural_ok = False
+                self._structural_ok, self._marked_at = False, index
         self._messages.append(dict(message))
         self._n_assistant += chat.get("role") == "assistant"
         self._chat.append(chat)
@@ -285,7 +287,7 @@ class IncrementalRenderer(TurnLabeller):
             except TemplateError:
                 got = None  # the full render below decides (and raises if the template rejects it)
             if got is not None:
-                self._core = (len(chat), got[0])
+                self._set_core(len(chat), got[0])
                 self.window_renders += 1
                 return got[1]
         text = self._render_text(chat, agp)
@@ -293,8 +295,8 @@ class IncrementalRenderer(TurnLabeller):
         if self._local:
             try:
                 cut = agp and self._prompt is not None and text.endswith(self._prompt)  # see Locality.prompt
-                self._core = (len(chat), text[: len(text) - len(self._prompt)] if cut
-                              else self._render_text(chat, False) if agp else text)
+                self._set_core(len(chat), text[: len(text) - len(self._prompt)] if cut
+                               else self._render_text(chat, False) if agp else text)
             except TemplateError:  # the template wants the prompt here: no window base this time
                 self._core = None
         return text
@@ -324,13 +326,11 @@ class IncrementalRenderer(TurnLabeller):
             raise
 
     def _reset(self) -> None:
-        self._text = ""
+        self._text, self._roles, self._mask = "", [], []
         self._ids, self._starts, self._sp_ends, self._sp_tok = [], [], [], []
-        self._roles, self._mask = [], []
         self._regions, self._prefix_max, self._unresolved = [], [], []
-        self._final, self._located, self._mode = None, 0, ""
+        self._final, self._located, self._mode, self._core = None, 0, "", None
         self._hash_cp = (0, hashlib.sha256(b"ctxkit-context-v1"))
-        self._core = None
         self._subs, self._out = [], ([], [], [])
         self._span_list, self._span_at, self._span_dirty = [], [0], 0
 
