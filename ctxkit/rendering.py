@@ -34,10 +34,9 @@ role; default escapes tool content) and every occurrence is reported in `special
 
 from __future__ import annotations
 
-import array
 import bisect
 import hashlib
-import sys
+import struct
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -464,15 +463,11 @@ class IncrementalRenderer(TurnLabeller, PrefixCut):
 
 
 def _int32_bytes(ids: Sequence[int]) -> bytes:
-    arr = array.array("i", ids)
-    if arr.itemsize != 4:  # pragma: no cover - exotic platforms
-        arr = array.array("l", ids)
-    if sys.byteorder == "big":  # pragma: no cover
-        arr.byteswap()
-    return arr.tobytes()
+    """The ids as little-endian int32 (`struct` packs twice as fast as an `array` of a tuple)."""
+    return struct.pack(f"<{len(ids)}i", *ids)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class _Sub:
     """One sampled turn's ids put in place of its rendered ids (kept between renders)."""
 
