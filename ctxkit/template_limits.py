@@ -383,27 +383,36 @@ def _filter_check(name: str, args: tuple, offset: int, kwargs: dict, stringifies
     return args
 
 
-_WEIGHTS: dict[int, tuple[Any, int, int, int]] = {}  # id -> (value, cap, size, depth), see tojson
+_WEIGHTS: dict[int, tuple[Any, int, int, int, dict]] = {}  # id -> (value, cap, size, depth, JSON texts), see tojson
 
 
 def tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
             sort_keys: bool = False) -> str:
-    """transformers' `tojson` (non-ASCII kept), measured first. A container's measure is kept by
-    identity (`_WEIGHTS`): the plain copies ctxkit renders from (e.g. a renderer's tools) are never changed
-    and are rendered again at every turn."""
+    """transformers' `tojson` (non-ASCII kept), measured first. A container's measure and JSON text are kept
+    by identity (`_WEIGHTS`): the plain copies ctxkit renders from (a renderer's tools, each message's
+    tool-call arguments) are never changed and are rendered again at every turn."""
     cap = active_limits().max_length
     hit = _WEIGHTS.get(id(x)) if isinstance(x, (dict, list)) else None
-    if hit is not None and hit[0] is x and hit[1] == cap:
-        size, depth = hit[2], hit[3]
-    else:
+    if hit is None or hit[0] is not x or hit[1] != cap:
         size, depth = _text_weight(x, cap)
+        hit = (x, cap, size, depth, {})
         if isinstance(x, (dict, list)):
             if len(_WEIGHTS) >= 4096:
                 _WEIGHTS.clear()
-            _WEIGHTS[id(x)] = (x, cap, size, depth)  # holds x, so its id is not reused while kept
+            _WEIGHTS[id(x)] = hit  # holds x, so its id is not reused while kept
+    size, depth, texts = hit[2], hit[3], hit[4]
     width = len(indent) if isinstance(indent, str) else indent if isinstance(indent, int) else 0
     check_length(size * (1 + max(width, 0) * max(depth, 1)) if width else size, "|tojson")
-    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    key = (ensure_ascii, indent, separators, sort_keys)
+    try:
+        text = texts.get(key)
+    except TypeError:  # unhashable options (a list of separators): not kept
+        key, text = None, None
+    if text is None:
+        text = json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+        if key is not None:
+            texts[key] = text
+    return text
 
 
 def limited_range(*args: int) -> range:
