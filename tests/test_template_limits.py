@@ -193,3 +193,14 @@ def test_cli_render_with_a_hostile_template_is_one_error_line(tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("ctxkit: error: template evil@sha256:")
     assert "render limit max_length=16000000 exceeded: '*' on a str would be 1000000000 long" in lines[0]
+
+
+def test_tojson_keeps_the_text_per_container_and_options():
+    from ctxkit.template_limits import tojson
+
+    args = {"cmd": "ls -l", "n": [1, 2]}
+    assert tojson(args) == '{"cmd": "ls -l", "n": [1, 2]}'
+    assert tojson(args) is tojson(args)  # kept by identity
+    assert tojson(args, indent=2) == '{\n  "cmd": "ls -l",\n  "n": [\n    1,\n    2\n  ]\n}'
+    assert tojson(args, separators=[",", ":"]) == '{"cmd":"ls -l","n":[1,2]}'  # unhashable options: not kept
+    assert tojson({"cmd": "ls -l", "n": [1, 2]}, sort_keys=True) == '{"cmd": "ls -l", "n": [1, 2]}'
