@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 
 from conftest import tokenizer_dir
 from ctxkit.compressor_check import episode_text
-from ctxkit.errors import ConfigError
+from ctxkit.errors import ConfigError, RenderError
 from ctxkit.render_cut import made_call_ids
 from ctxkit.rendering import IncrementalRenderer, encode_assistant_turn, render
 from ctxkit.tokenizers import load_tokenizer
@@ -96,9 +97,13 @@ def test_cut_equals_fresh_render(name, seed):
         renderer.cut(n)
         renderer.extend(new[n:])
         agp = rng.random() < 0.8
-        got = renderer.render(add_generation_prompt=agp)
-        want = render(new, t, None, TOOLS, add_generation_prompt=agp)
-        assert got == want, (name, seed, n)
+        try:
+            want = render(new, t, None, TOOLS, add_generation_prompt=agp)
+        except RenderError as exc:  # a conversation the template cannot label (Qwen3 rewrites turns): same error
+            with pytest.raises(RenderError, match=re.escape(str(exc))):
+                renderer.render(add_generation_prompt=agp)
+        else:
+            assert renderer.render(add_generation_prompt=agp) == want, (name, seed, n)
         chat = new
 
 
