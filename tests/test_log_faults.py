@@ -16,30 +16,13 @@ from ctxkit.cli import main
 from ctxkit.errors import LogFormatError, SchemaVersionError, TornLineError
 from ctxkit.events import Message
 from ctxkit.log import EventLog, read_events, repair, verify
+from log_killer import body, writer_script
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals and O_APPEND semantics")
 
-WRITER = r"""
-import hashlib, sys
-from ctxkit.events import ToolResult
-from ctxkit.log import EventLog
+WRITER = writer_script('durability="always"')
+_body = body
 
-def body(seq):
-    unit = f"{seq}:{hashlib.sha256(str(seq).encode()).hexdigest()};"
-    return unit * (5000 + (seq * 7919) % 50000)  # 0.35 to 3.8 MB per event
-
-log = EventLog.open(sys.argv[1], durability="always")
-print("ready", len(log), flush=True)
-while True:
-    seq = len(log)
-    event = log.append(ToolResult(tool_call_id=f"c{seq}", content=body(seq), duration_s=seq / 3))
-    print(event.seq, flush=True)
-"""
-
-
-def _body(seq: int) -> str:
-    unit = f"{seq}:{hashlib.sha256(str(seq).encode()).hexdigest()};"
-    return unit * (5000 + (seq * 7919) % 50000)
 
 
 @pytest.mark.slow

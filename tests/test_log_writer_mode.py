@@ -5,7 +5,6 @@ acknowledged and lets go, and readers never hang behind an idle owner (see `ctxk
 from __future__ import annotations
 
 import gc
-import hashlib
 import os
 import random
 import signal
@@ -22,6 +21,7 @@ from ctxkit.events import Message, ToolResult
 from ctxkit.log import EventLog, iter_events, read_events, repair, verify
 from ctxkit import log_locks
 from ctxkit.log_locks import lock_path
+from log_killer import body, writer_script
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals and flock")
 
@@ -222,27 +222,9 @@ def test_a_line_in_flight_under_an_owner_is_read_whole(tmp_path):
     owner.close()
 
 
-WRITER = r"""
-import hashlib, sys
-from ctxkit.events import ToolResult
-from ctxkit.log import EventLog
+WRITER = writer_script('durability=sys.argv[2], lock="writer", repair=True')
+_body = body
 
-def body(seq):
-    unit = f"{seq}:{hashlib.sha256(str(seq).encode()).hexdigest()};"
-    return unit * (5000 + (seq * 7919) % 50000)  # 0.35 to 3.8 MB per event
-
-log = EventLog.open(sys.argv[1], durability=sys.argv[2], lock="writer", repair=True)
-print("ready", len(log), flush=True)
-while True:
-    seq = len(log)
-    event = log.append(ToolResult(tool_call_id=f"c{seq}", content=body(seq), duration_s=seq / 3))
-    print(event.seq, flush=True)
-"""
-
-
-def _body(seq: int) -> str:
-    unit = f"{seq}:{hashlib.sha256(str(seq).encode()).hexdigest()};"
-    return unit * (5000 + (seq * 7919) % 50000)
 
 
 @pytest.mark.slow
