@@ -39,6 +39,7 @@ from ctxkit.experiment.agents.openai_wire import (
     ENGINE_FINISH_REASONS,
     OpenAIHTTPError,
     OpenAITimeoutError,
+    completion_choice,
     completion_ids,
     engine_finish_reason,
     engine_record,
@@ -239,10 +240,7 @@ class OpenAIAgent:
         payload, elapsed = self._post(url, body)
         if payload is None:
             return self._aborted(seed, elapsed, "completions")
-        choice = first_choice(payload, url)
-        text = choice.get("text")
-        if not isinstance(text, str):
-            raise OpenAIHTTPError(f"malformed response: choices[0].text is {type(text).__name__}, not a string", url=url, status=200)
+        choice, text = completion_choice(payload, url)
         lp_block = choice.get("logprobs") or {}
         ids, source = completion_ids(choice, lp_block, url)
         logprobs = float_list(lp_block.get("token_logprobs"), "choices[0].logprobs.token_logprobs", url)
@@ -278,10 +276,7 @@ class OpenAIAgent:
                                                            sampling=extra, seed=seed))
         if payload is None:
             return self._aborted(seed, elapsed, "completions")
-        choice = first_choice(payload, url)
-        text = choice.get("text")
-        if not isinstance(text, str):
-            raise OpenAIHTTPError(f"malformed response: choices[0].text is {type(text).__name__}, not a string", url=url, status=200)
+        choice, text = completion_choice(payload, url)
         lp_block = choice.get("logprobs") or {}
         logprobs = float_list(lp_block.get("token_logprobs"), "choices[0].logprobs.token_logprobs", url)
         pieces = lp_block.get("tokens")

@@ -70,6 +70,16 @@ def first_choice(payload: Any, url: str) -> Mapping[str, Any]:
     return choices[0]
 
 
+def completion_choice(payload: Any, url: str) -> tuple[Mapping[str, Any], str]:
+    """`(choices[0], its text)` of a `/v1/completions` reply; a missing or non-string text is an
+    `OpenAIHTTPError` naming the field and the url."""
+    choice = first_choice(payload, url)
+    text = choice.get("text")
+    if not isinstance(text, str):
+        raise OpenAIHTTPError(f"malformed response: choices[0].text is {type(text).__name__}, not a string", url=url, status=200)
+    return choice, text
+
+
 def int_list(value: Any, where: str, url: str) -> list[int]:
     if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
         raise OpenAIHTTPError(f"malformed response: {where} is not a list of integers", url=url, status=200)
