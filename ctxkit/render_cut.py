@@ -25,7 +25,7 @@ from __future__ import annotations
 import bisect
 from typing import Any
 
-from ctxkit.errors import ConfigError
+from ctxkit.errors import ConfigError, TemplateError
 
 
 def made_call_ids(messages: Any) -> set[str]:
@@ -51,6 +51,7 @@ class PrefixCut:
             raise ConfigError(f"IncrementalRenderer.cut: parameter n is {n}; expected a message count >= 0")
         if n >= len(self._messages):
             return
+        boundary = self._boundary_core(n) if self._local else None
         del self._messages[n:], self._chat[n:], self._sampled[n:]
         self._call_ids = made_call_ids(self._chat)
         self._specials = {i: f for i, f in self._specials.items() if i < n}
@@ -79,6 +80,46 @@ class PrefixCut:
             marks.clear()
         elif marks[-1][0] != core[0]:
             self._core = (marks[-1][0], core[1][: marks[-1][1]])
+        if boundary is not None and (self._core is None or self._core[0] < boundary[0]):
+            self._core = boundary
+            marks[:] = [(boundary[0], len(boundary[1]))]
+
+    def _boundary_core(self, n: int, tries: int = 8) -> tuple[int, str] | None:
+        """`(m, render of the first m messages without the prompt)` for the latest turn boundary `m <= n`
+        past every core checkpoint, cut from the last rendered text (whose first `n` messages are kept),
+        or None. The text before message `m`'s turn opener is taken as that render when a suffix window
+        ending at `m` renders to its tail: the check `template_locality.window_delta` makes of a core, under
+        the same locality of the template."""
+        text, opener, reach = self._text, self._profile.turn_opener, self._reach
+        k = bisect.bisect_right(self._core_marks, (n, float("inf")))
+        done = self._core_marks[k - 1][0] if self._core is not None and k else 0
+        if not text or not opener or n - done < 8:
+            return None
+        at = {r.index: r for r in self._regions if r.kind != "header" and r.index <= n}
+        lead = max(1, reach)
+        chat = self._chat
+        for m in range(min(n, self._located - 1), max(done, n - tries), -1):
+            a, b = at.get(m - 1), at.get(m)
+            if a is None or b is None or a.end > b.start:
+                continue
+            pos = text.rfind(opener, a.end, b.start)
+            if pos < 0:
+                continue
+            j = m - max(2, reach + 1)
+            while j > lead and chat[j].get("role") == "tool" and m - j < 64:
+                j -= 1
+            if j <= lead:
+                return None
+            try:
+                head = self._head if self._head is not None else self._render_text(chat[:lead], False)
+                window = self._render_text(chat[:lead] + chat[j:m], False)
+            except TemplateError:
+                return None
+            body = window[len(head):]
+            if body and window.startswith(head) and text.startswith(head) and text.startswith(body, pos - len(body)):
+                return m, text[:pos]
+            return None
+        return None
 
     def _set_core(self, m: int, text: str) -> None:
         """Hold `text` = the render of the first `m` messages without the generation prompt as the core,

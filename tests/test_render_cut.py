@@ -127,3 +127,25 @@ def test_made_call_ids_names_anonymous_calls_as_validation_does():
             {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "run", "arguments": "{}"}},
                                                                 {"id": 5, "function": {"name": "run", "arguments": "{}"}}]}]
     assert made_call_ids(chat) == {"#anonymous1.0", "5"}
+
+
+@pytest.mark.parametrize("name", ["qwen2.5-instruct", "smollm2-135m-instruct"])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 10_000))
+def test_cut_after_one_full_render_keeps_a_core_at_a_turn_boundary(name, seed):
+    """One full render, then a cut well past the only core checkpoint: the core is taken at a turn boundary
+    near the cut (`PrefixCut._boundary_core`), and the render equals a fresh one."""
+    t = tok(name)
+    rng = random.Random(seed)
+    chat = conversation(rng, t, rng.randint(8, 14), "b")
+    renderer = IncrementalRenderer(t, None, TOOLS)
+    renderer.extend(chat)
+    renderer.render(add_generation_prompt=True)
+    n = valid_cut(chat, rng.randint(12, len(chat) - 1))
+    new = edited(rng, t, chat, n)
+    renderer.cut(n)
+    renderer.extend(new[n:])
+    agp = rng.random() < 0.8
+    assert renderer.render(add_generation_prompt=agp) == render(new, t, None, TOOLS, add_generation_prompt=agp)
+    if not any("<|im_end|>" in m["content"] for m in chat + new if m["role"] == "tool"):  # escaped: no text kept
+        assert renderer.full_renders == 1, (name, seed, n)  # the tail came from a window render
