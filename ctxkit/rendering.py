@@ -171,7 +171,8 @@ class IncrementalRenderer(TurnLabeller, PrefixCut):
         self._core_marks: list[tuple[int, int]] = []  # (m, its core's length) of earlier cores (`PrefixCut`)
         self._head: str | None = None  # render of the first `reach` messages (see window_delta)
         self._subs: list[_Sub] = []  # sampled-id substitutions of the last output, in order
-        self._out: tuple[list, list, list] = ([], [], [])  # output ids/mask/roles up to the last one
+        self._out: tuple[list, list, list] = ([], [], [])  # output ids/mask/roles of rendered tokens [0, _out_at)
+        self._out_at = 0  # 0 or the end of the last substitution that is not an identity (`_output`)
         self._span_list: list[MessageSpan] = []  # spans of the last output, in region order
         self._span_at: list[int] = [0]  # number of spans from regions[:i]
         self._span_dirty = 0  # regions[:i] unchanged since the last output for i <= this
@@ -330,21 +331,20 @@ class IncrementalRenderer(TurnLabeller, PrefixCut):
         self._regions, self._prefix_max, self._unresolved = [], [], []
         self._final, self._located, self._mode, self._core = None, 0, "", None
         self._hash_cp = (0, hashlib.sha256(b"ctxkit-context-v1"))
-        self._subs, self._out = [], ([], [], [])
+        self._subs, self._out, self._out_at = [], ([], [], []), 0
         self._span_list, self._span_at, self._span_dirty = [], [0], 0
 
     def _output(self, changed: int) -> RenderedContext:
         """Assemble the context; `changed` is the first rendered token that may differ from last time.
 
         Sampled-id substitutions are kept between renders: those wholly before `changed` (same turn,
-        same token range) are reused with the output before them; only later ones are redone."""
+        same token range) are reused with the output before them; only later ones are redone. The output
+        is copied up to the end of the last substitution that changes it (`_out_at`), never past it."""
         ids, mask, roles = self._ids, self._mask, self._roles
         eot_id = self._profile.end_of_turn_id
         subs = self._subs
-        produced = (
-            [r for r in self._regions if r.kind == "produced" and self._sampled[r.index] is not None]
-            if self._any_sampled else []
-        )
+        produced = ([r for r in self._regions if r.kind == "produced" and self._sampled[r.index] is not None]
+                    if self._any_sampled else [])
         k = 0
         while (k < len(subs) and k < len(produced) and subs[k].index == produced[k].index
                and (subs[k].a, subs[k].z) == produced[k].tokens and subs[k].z <= changed):
@@ -352,15 +352,22 @@ class IncrementalRenderer(TurnLabeller, PrefixCut):
         del subs[k:]
         cut, shift = (subs[-1].z, subs[-1].shift) if subs else (0, 0)
         reused_to = cut
-        o_ids, o_mask, o_roles = self._out
-        del o_ids[cut + shift :], o_mask[cut + shift :], o_roles[cut + shift :]
+        o_ids, o_mask, o_roles = self._out  # the output of rendered tokens [0, out_at), out_at a sub's end
+        out_at = self._out_at
+        if out_at > cut:
+            del o_ids[cut + shift :], o_mask[cut + shift :], o_roles[cut + shift :]
+            out_at = cut
         for r in produced[k:]:
             sampled = self._sampled[r.index]
             a, z = r.tokens
             rendered = ids[a:z]
-            out_ids = list(sampled)
-            out_mask = [1] * len(sampled)
-            out_roles = ["assistant"] * len(sampled)
+            n = z - a
+            if (len(sampled) == n and rendered == list(sampled) and mask[a:z].count(1) == n
+                    and roles[a:z].count("assistant") == n):  # an identity: its output is the render itself
+                subs.append(_Sub(r.index, a, z, a + shift, z + shift, shift, None))
+                cut = z
+                continue
+            out_ids, out_mask, out_roles = list(sampled), [1] * len(sampled), ["assistant"] * len(sampled)
             compare = rendered
             if eot_id is not None and (not sampled or sampled[-1] != eot_id) and rendered and rendered[-1] == eot_id:
                 compare = rendered[:-1]  # finished by length: the template's end-of-turn stays, as scaffold
@@ -378,33 +385,31 @@ class IncrementalRenderer(TurnLabeller, PrefixCut):
                 while q < limit - p and sampled[-1 - q] == compare[-1 - q]:
                     q += 1
                 drift = Drift(r.index, pos0 + p, tuple(sampled[p : len(sampled) - q]), tuple(compare[p : len(compare) - q]))
-            o_ids += ids[cut:a]
+            o_ids += ids[out_at:a]
             o_ids += out_ids
-            o_mask += mask[cut:a]
+            o_mask += mask[out_at:a]
             o_mask += out_mask
-            o_roles += roles[cut:a]
+            o_roles += roles[out_at:a]
             o_roles += out_roles
             shift += len(out_ids) - (z - a)
             subs.append(_Sub(r.index, a, z, pos0, pos0 + len(sampled), shift, drift))
-            cut = z
+            cut = out_at = z
+        self._out_at = out_at
         drifts = [sub.drift for sub in subs if sub.drift is not None]
-        sub_ends = [sub.z for sub in subs]  # rendered token index where each substitution ends
-        sub_shift = [sub.shift for sub in subs]  # cumulative shift after it
+        # per substitution: the rendered token index where it ends, the cumulative shift after it
+        sub_ends, sub_shift = [sub.z for sub in subs], [sub.shift for sub in subs]
         span_pos = {sub.index: (sub.start, sub.end) for sub in subs}
-        if not subs:
-            o_ids.clear(), o_mask.clear(), o_roles.clear()
+        if not out_at:  # every substitution (if any) is an identity
             token_ids, loss_mask, token_roles = tuple(ids), tuple(mask), tuple(roles)
-            out_changed = changed
         else:
-            token_ids = (*o_ids, *ids[cut:])  # one copy each (a list concatenation would make two)
-            loss_mask = (*o_mask, *mask[cut:])
-            token_roles = (*o_roles, *roles[cut:])
-            k = bisect.bisect_right(sub_ends, changed)
-            out_changed = changed + (sub_shift[k - 1] if k else 0)
-            # a substitution straddling `changed` may have moved: hash from its start
-            for sub in subs[k:]:
-                if sub.a < changed < sub.z:
-                    out_changed = min(out_changed, sub.start)
+            token_ids = (*o_ids, *ids[out_at:])  # one copy each (a list concatenation would make two)
+            loss_mask = (*o_mask, *mask[out_at:])
+            token_roles = (*o_roles, *roles[out_at:])
+        k = bisect.bisect_right(sub_ends, changed)
+        out_changed = changed + (sub_shift[k - 1] if k else 0)
+        for sub in subs[k:]:  # a substitution straddling `changed` may have moved: hash from its start
+            if sub.a < changed < sub.z:
+                out_changed = min(out_changed, sub.start)
         # Spans: those of leading regions unchanged since the last output (same token range, same
         # substitutions before them) are kept; the rest are recomputed.
         regions = self._regions

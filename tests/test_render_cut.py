@@ -149,3 +149,34 @@ def test_cut_after_one_full_render_keeps_a_core_at_a_turn_boundary(name, seed):
     assert renderer.render(add_generation_prompt=agp) == render(new, t, None, TOOLS, add_generation_prompt=agp)
     if not any("<|im_end|>" in m["content"] for m in chat + new if m["role"] == "tool"):  # escaped: no text kept
         assert renderer.full_renders == 1, (name, seed, n)  # the tail came from a window render
+
+
+@pytest.mark.parametrize("name", ["qwen2.5-instruct", "smollm2-135m-instruct"])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 10_000))
+def test_identity_and_changing_substitutions_mixed_equal_a_fresh_render(name, seed):
+    """Sampled turns equal to their render (identities, never copied), drifted ones and ones finished by
+    length (no end-of-turn token), in any order, through cuts and growth: every render equals a fresh one."""
+    t = tok(name)
+    rng = random.Random(seed)
+    chat = conversation(rng, t, rng.randint(3, 10), "s")
+    for m in chat:
+        if "token_ids" in m and rng.random() < 0.3:
+            m["token_ids"] = m["token_ids"][:-1]  # finished by length: the end-of-turn stays as scaffold
+        if "token_ids" in m and len(m["token_ids"]) > 3 and rng.random() < 0.3:  # a drift that moves what follows
+            ids = m["token_ids"]
+            m["token_ids"] = ids[:2] + ids[1:] if rng.random() < 0.5 else ids[:1] + ids[2:]
+    renderer = IncrementalRenderer(t, None, TOOLS)
+    grown = 0
+    for stop in sorted(rng.sample(range(1, len(chat) + 1), min(4, len(chat))) + [len(chat)]):
+        renderer.extend(chat[grown:stop])
+        grown = stop
+        agp = rng.random() < 0.8
+        assert renderer.render(add_generation_prompt=agp) == render(chat[:stop], t, None, TOOLS, add_generation_prompt=agp)
+    for _ in range(3):
+        n = valid_cut(chat, rng.randint(2, len(chat)))
+        new = edited(rng, t, chat, n)
+        renderer.cut(n)
+        renderer.extend(new[n:])
+        assert renderer.render(add_generation_prompt=True) == render(new, t, None, TOOLS, add_generation_prompt=True), (name, seed, n)
+        chat = new
