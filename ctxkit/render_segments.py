@@ -158,7 +158,7 @@ def encode_segments(cache: SegmentCache, tokenizer: Any, text: str, base: int, o
         k0 = len(ids)
         off = base + pos
         ids.extend(hit[0])
-        starts.extend(map(off.__add__, hit[1]))
+        starts.extend([off + s for s in hit[1]])  # a comprehension adds ints faster than map(off.__add__)
         for e, t in hit[2]:
             sp_ends.append(off + e)
             sp_tok.append(k0 + t)
