@@ -421,7 +421,7 @@ def pairing_problems(messages: Sequence[ViewMessage], *, allow_pending: bool = T
     `submit`/`finish` call): legal, and reported only when `allow_pending` is False.
     """
     problems: list[PairingProblem] = []
-    open_calls: dict[str, str] = {}  # call id -> event ids of the calling message, not yet answered
+    open_calls: dict[str, ViewMessage] = {}  # call id -> the calling message, not yet answered
     answered: set[str] = set()  # calls of the current calling message already answered
     in_tool_run = False
     for m in messages:
@@ -441,17 +441,18 @@ def pairing_problems(messages: Sequence[ViewMessage], *, allow_pending: bool = T
                                                f"tool result {ev} answers call {cid!r} with no matching call "
                                                "before it (orphaned result)"))
             continue
-        ev = ",".join(m.provenance.event_ids) if (open_calls or m.tool_calls) else ""
-        for cid, src in open_calls.items():
+        for cid, caller in open_calls.items():  # event ids joined only for a problem
+            src, ev = ",".join(caller.provenance.event_ids), ",".join(m.provenance.event_ids)
             problems.append(PairingProblem("unanswered_call", src, cid,
                                            f"tool call {cid!r} of {src} has no result before the next message "
                                            f"{ev} (unanswered call)"))
         in_tool_run = bool(m.tool_calls)
-        open_calls = {tc.id: ev for tc in m.tool_calls} if in_tool_run else {}
+        open_calls = {tc.id: m for tc in m.tool_calls} if in_tool_run else {}
         if answered:
             answered = set()
     if not allow_pending:
-        for cid, src in open_calls.items():
+        for cid, caller in open_calls.items():
+            src = ",".join(caller.provenance.event_ids)
             problems.append(PairingProblem("pending_call", src, cid,
                                            f"tool call {cid!r} of {src} has no result yet (pending call)"))
     return problems
