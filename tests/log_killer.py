@@ -36,3 +36,25 @@ def body(seq: int) -> str:
     """The `ToolResult.content` the writer appends at `seq` (0.35 to 3.8 MB)."""
     unit = f"{seq}:{hashlib.sha256(str(seq).encode()).hexdigest()};"
     return unit * (5000 + (seq * 7919) % 50000)
+
+
+def kill_mid_append(argv: list[str], path, *, pause_s: float, wait_for_growth: bool) -> list[int]:
+    """Start the writer (`argv`), wait for `ready`, sleep `pause_s` (then, with `wait_for_growth`, until the
+    log grows: inside a multi-megabyte `write`), SIGKILL it; return the seqs it acknowledged (a line cut
+    by the kill is not an acknowledgement)."""
+    import signal
+    import subprocess
+    import time
+
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE)
+    assert proc.stdout.readline().startswith(b"ready")
+    time.sleep(pause_s)
+    if wait_for_growth:
+        size, deadline = path.stat().st_size, time.monotonic() + 10
+        while path.stat().st_size == size and time.monotonic() < deadline:
+            pass
+    proc.send_signal(signal.SIGKILL)
+    out = proc.stdout.read()
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    return [int(x) for x in out[: out.rfind(b"\n") + 1].split(b"\n")[:-1]]

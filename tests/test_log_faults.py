@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -16,7 +15,7 @@ from ctxkit.cli import main
 from ctxkit.errors import LogFormatError, SchemaVersionError, TornLineError
 from ctxkit.events import Message
 from ctxkit.log import EventLog, read_events, repair, verify
-from log_killer import body, writer_script
+from log_killer import body, kill_mid_append, writer_script
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals and O_APPEND semantics")
 
@@ -37,19 +36,9 @@ def test_sigkill_mid_append_loses_no_acknowledged_event(tmp_path, capsys):
             path = tmp_path / f"ep{round_no // 5}.jsonl"
             EventLog.create(path, durability="always").close()
             acked: set[int] = set()
-        proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], stdout=subprocess.PIPE)
-        assert proc.stdout.readline().startswith(b"ready")
-        time.sleep(rng.uniform(0.0, 0.05 if round_no % 2 else 0.1))
-        if round_no % 2:
-            size, deadline = path.stat().st_size, time.monotonic() + 10
-            while path.stat().st_size == size and time.monotonic() < deadline:
-                pass
-        proc.send_signal(signal.SIGKILL)
-        out = proc.stdout.read()
-        proc.wait()
-        assert proc.returncode == -signal.SIGKILL
-        complete = out[: out.rfind(b"\n") + 1].split(b"\n")[:-1]  # a line cut by the kill is not an ack
-        acked.update(int(x) for x in complete)
+        acked.update(kill_mid_append([sys.executable, "-c", WRITER, str(path)], path,
+                                     pause_s=rng.uniform(0.0, 0.05 if round_no % 2 else 0.1),
+                                     wait_for_growth=bool(round_no % 2)))
         report = verify(path)
         assert report.ok or [p.code for p in report.problems] == ["torn"], report.problems
         torn_rounds += report.torn_tail

@@ -7,7 +7,6 @@ from __future__ import annotations
 import gc
 import os
 import random
-import signal
 import subprocess
 import sys
 import threading
@@ -17,11 +16,11 @@ import pytest
 
 from ctxkit.cli import main
 from ctxkit.errors import ConfigError, LogFormatError, LogLockedError, TornLineError
-from ctxkit.events import Message, ToolResult
+from ctxkit.events import Message
 from ctxkit.log import EventLog, iter_events, read_events, repair, verify
 from ctxkit import log_locks
 from ctxkit.log_locks import lock_path
-from log_killer import body, writer_script
+from log_killer import body, kill_mid_append, writer_script
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals and flock")
 
@@ -238,18 +237,9 @@ def test_sigkilled_owner_loses_no_acknowledged_event_and_lets_go(tmp_path, durab
     EventLog.create(path).close()
     acked: set[int] = set()
     for round_no in range(10):
-        proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path), durability], stdout=subprocess.PIPE)
-        assert proc.stdout.readline().startswith(b"ready")  # lock_timeout 0: the dead owner let go
-        time.sleep(rng.uniform(0.0, 0.05))
-        if round_no % 2:
-            size, deadline = path.stat().st_size, time.monotonic() + 10
-            while path.stat().st_size == size and time.monotonic() < deadline:
-                pass
-        proc.send_signal(signal.SIGKILL)
-        out = proc.stdout.read()
-        proc.wait()
-        assert proc.returncode == -signal.SIGKILL
-        acked.update(int(x) for x in out[: out.rfind(b"\n") + 1].split(b"\n")[:-1])
+        # `ready` at once (lock_timeout 0) means the dead owner let go
+        acked.update(kill_mid_append([sys.executable, "-c", WRITER, str(path), durability], path,
+                                     pause_s=rng.uniform(0.0, 0.05), wait_for_growth=bool(round_no % 2)))
         report = verify(path)
         assert report.ok or [p.code for p in report.problems] == ["torn"], report.problems
         if round_no % 3 == 0:  # a repair by hand; other rounds the next owner repairs as it opens
