@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping
 
 from ctxkit.errors import ConfigError, LogFormatError
 from ctxkit.training_samples import TrainingSample

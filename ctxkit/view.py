@@ -43,7 +43,7 @@ from typing import Any, Iterable, Literal, Mapping, Sequence
 import orjson
 
 from ctxkit.edits import EDIT_KINDS, EDIT_TYPES, DropEdit, Edit, MaskEdit, SummaryEdit, TruncateEdit
-from ctxkit.errors import LogFormatError, MessageFormatError, ToolPairingError
+from ctxkit.errors import LogFormatError, ToolPairingError
 from ctxkit.events import (
     Compaction,
     EpisodeStart,

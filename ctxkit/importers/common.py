@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ctxkit.conversation import import_conversation
 from ctxkit.errors import ImportFormatError, MessageFormatError
-from ctxkit.events import EpisodeEnd, EpisodeStart, Event
+from ctxkit.events import EpisodeEnd, Event
 
 
 @dataclass(frozen=True)
