@@ -29,11 +29,11 @@ from ctxkit.errors import (BudgetError, ConfigError, InvariantError, LogFormatEr
                            ToolPairingError)
 from ctxkit.events import Compaction, EpisodeStart, Event, Pin, Unpin
 from ctxkit.log import MemoryLog as MemoryLog  # its home is ctxkit.log; kept importable from here
+from ctxkit.pairing import PairingProblem, pairing_problems, pending_calls
 from ctxkit.pins import detect_constraints, resolve_pin_rules
 from ctxkit.render_cache import RenderCache
 from ctxkit.special_tokens import RECORDED_DEFAULT, resolve_special_tokens
-from ctxkit.view import (Provenance, View, ViewMessage, ViewState, apply_edits, build_view, make_view, pairing_problems,
-                         pending_calls)
+from ctxkit.view import Provenance, View, ViewMessage, ViewState, apply_edits, build_view, make_view
 
 BUILDER_VERSION = "ctxkit-builder-v1"
 
@@ -221,7 +221,8 @@ class ContextBuilder:
                 raise InvariantError(f"compressor {name} proposed invalid edits: {exc}") from None
             truncated = bool(compaction.details.get("overflow"))
         # Check everything before recording the compaction, so a failed build records no decision.
-        check_pairing(view, pending_before=pending_before)
+        check_pairing(view, pending_before=pending_before,
+                      problems=self._state.pairing_problems() if compaction is None else None)
         rendered = self._renderer.render(view)
         ctx = _finish(view, rendered, self.tokenizer, budget, (), truncated, self._decoded)
         if ctx.n_tokens > budget and not truncated:
@@ -327,14 +328,16 @@ def rebuild(
 
 
 
-def check_pairing(view: View, *, pending_before: Sequence[str] | None = None) -> None:
+def check_pairing(view: View, *, pending_before: Sequence[str] | None = None,
+                  problems: Sequence[PairingProblem] | None = None) -> None:
     """`ToolPairingError` (an `InvariantError`) naming the event and call of every tool call or result of
     the view that does not pair up (`ctxkit.view.pairing_problems`); `problem` is the first one's.
 
     A trailing pending call is legal. When `pending_before` is given (the pending calls of the view before
     a compaction), a call pending only after it had its result dropped by the compressor: reported as an
-    `unanswered_call`."""
-    problems = pairing_problems(view.messages)
+    `unanswered_call`. `problems`: `pairing_problems(view.messages)` when the caller has it already (the
+    builder's `ViewState.pairing_problems`, which scans only new messages)."""
+    problems = pairing_problems(view.messages) if problems is None else list(problems)
     if pending_before is not None:
         allowed = set(pending_before)
         problems += [dataclasses.replace(p, problem="unanswered_call", text=p.text.replace(
@@ -366,16 +369,26 @@ def check_pins(view: View, rendered: Any, tok: Any, decoded: dict | None = None)
     (a tuple) to their decoded text, so an unchanged message is not decoded again at the next build."""
     checked: list[str] = []
     full: str | None = None
-    spans = {s.index: s for s in getattr(rendered, "spans", ())}
+    spans = getattr(rendered, "spans", ())
+    by_index: dict | None = None  # index -> its (last) span, made only when spans are not one per message in order
     memo: dict = {} if decoded is None else decoded
     texts: dict[int, str] = {}  # view message index -> its decoded span, this build
     for pin in view.active_pins:
         where = next((i for i, m in enumerate(view.messages) if pin.text in m.content), None)
         ok = False
-        if where is not None and where in spans:
+        span = None
+        if where is not None:
+            if where < len(spans) and spans[where].index == where and (
+                    where + 1 == len(spans) or spans[where + 1].index != where):
+                span = spans[where]
+            else:
+                if by_index is None:
+                    by_index = {sp.index: sp for sp in spans}
+                span = by_index.get(where)
+        if span is not None:
             text = texts.get(where)
             if text is None:
-                s = spans[where]
+                s = span
                 key = tuple(rendered.token_ids[s.start:s.end])
                 text = memo.pop(key, None)  # re-inserted: the dict keeps the most recently used spans last
                 if text is None:

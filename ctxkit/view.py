@@ -19,10 +19,11 @@ Edits are the typed records of `ctxkit.edits`, applied in order:
   whose tool calls the trailing tool results answer (or that ends the view with calls still pending), so
   calls and results stay adjacent.
 
-Pairing (`pairing_problems`): a tool result with no call before it is an orphaned result (refused already
-when the view is built), a second result for an answered call a duplicated result, a call followed by a
-later turn without its result an unanswered call; the calls of the last assistant message may still be
-pending (an episode waiting for its tool, or ending with `submit`): legal, kept in the view.
+Pairing (`ctxkit.pairing.pairing_problems`, importable from here too): a tool result with no call before
+it is an orphaned result (refused already when the view is built), a second result for an answered call a
+duplicated result, a call followed by a later turn without its result an unanswered call; the calls of
+the last assistant message may still be pending (an episode waiting for its tool, or ending with
+`submit`): legal, kept in the view.
 
 Edits accumulate: a later compaction edits the view the earlier ones produced. An edit naming an event
 that is not in the view at that point is a `LogFormatError` naming the compaction.
@@ -56,6 +57,9 @@ from ctxkit.events import (
     Unpin,
     content_text,
 )
+from ctxkit.pairing import PairingProblem, PairingScan, pairing_problems
+from ctxkit.pairing import find_orphans as find_orphans  # their home is ctxkit.pairing; kept importable from here
+from ctxkit.pairing import pending_calls as pending_calls
 
 How = Literal["verbatim", "masked", "truncated", "summary", "retrieved", "pinned"]
 HOWS: tuple[str, ...] = ("verbatim", "masked", "truncated", "summary", "retrieved", "pinned")
@@ -189,6 +193,12 @@ class ViewState:
         self.n_events = 0
         self._call_ids: set[str] = set()
         self._cached: View | None = None
+        # Kept across views so a view that only appends messages costs what the new messages cost; all reset
+        # when a compaction rewrites `messages` (see `_rewritten`).
+        self._pin_scan: dict[str, list] = {}  # pin id -> [text, first message index holding it or None, scanned up to]
+        self._block: tuple[tuple, ViewMessage] | None = None  # (missing pins' (id, text), the pinned block)
+        self._hashed: tuple[ViewMessage | None, int, int, Any] | None = None  # (block, at, messages hashed, sha256)
+        self._pairing: PairingScan | None = None
 
     def feed(self, events: Iterable[Event]) -> "ViewState":
         """Apply events in order (each must come after the last one fed)."""
@@ -211,6 +221,7 @@ class ViewState:
             return
         if isinstance(event, Compaction):
             self.messages = apply_edits_to_list(self.messages, event.edits, where=_where(event))
+            self._rewritten()
             return
         msg = message_of(event)
         if msg is None:
@@ -226,10 +237,86 @@ class ViewState:
         self.messages.append(msg)
 
     def view(self) -> View:
-        """The view of everything fed so far (pinned block derived, hash computed)."""
+        """The view of everything fed so far (pinned block derived, hash computed): equal to
+        `make_view(messages, tools, pins, upto_seq)`, at the cost of the messages fed since the last view
+        (pins are looked for, and digests hashed, only in those) unless a compaction rewrote the messages."""
         if self._cached is None:
-            self._cached = make_view(self.messages, self.tools, tuple(self.pins.values()), self.upto_seq)
+            base = self.messages
+            pins = tuple(self.pins.values())
+            block = self._pinned_block(pins)
+            at = 1 if base and base[0].role == "system" else 0
+            msgs = tuple(base) if block is None else (*base[:at], block, *base[at:])
+            self._cached = View(messages=msgs, tools=self.tools, active_pins=pins, upto_seq=self.upto_seq,
+                                hash=self._view_hash(msgs, block, at, [p.pin_id for p in pins]))
         return self._cached
+
+    def pairing_problems(self, *, allow_pending: bool = True) -> list[PairingProblem]:
+        """`pairing_problems(self.view().messages, allow_pending=...)`, scanning only the messages fed since
+        the last call (all of them again after a compaction)."""
+        view = self.view()
+        msgs = self.messages
+        if len(view.messages) != len(msgs) and msgs and msgs[0].role == "system" and msgs[0].tool_calls:
+            return pairing_problems(view.messages, allow_pending=allow_pending)  # the block would follow calls
+        # The pinned block is a message without calls at the start or after a leading system message without
+        # calls: no call is open there, so it changes neither the scan's state nor its problems.
+        scan = self._pairing
+        if scan is None:
+            scan = self._pairing = PairingScan()
+        if scan.n < len(msgs):
+            scan.feed(msgs[scan.n:])
+        return scan.result(allow_pending=allow_pending)
+
+    def _rewritten(self) -> None:
+        """`messages` was replaced (a compaction): what was kept about the old list no longer holds."""
+        self._pin_scan = {}
+        self._hashed = None
+        self._pairing = None
+
+    def _pinned_block(self, pins: Sequence[Pin]) -> ViewMessage | None:
+        """The pinned block listing the active pins verbatim in no message (as `make_view` derives it); each
+        pin's text is looked for only in the messages fed since it was last looked for."""
+        base = self.messages
+        n = len(base)
+        scan = self._pin_scan
+        missing: list[Pin] = []
+        for p in pins:
+            entry = scan.get(p.pin_id)
+            if entry is None or entry[0] != p.text:
+                entry = scan[p.pin_id] = [p.text, None, 0]
+            if entry[1] is None and entry[2] < n:
+                text = p.text
+                for j in range(entry[2], n):
+                    if text in base[j].content:
+                        entry[1] = j
+                        break
+                entry[2] = n
+            if entry[1] is None:
+                missing.append(p)
+        if not missing:
+            return None
+        key = tuple((p.id or p.pin_id, p.text) for p in missing)
+        if self._block is None or self._block[0] != key:
+            self._block = (key, ViewMessage(
+                role="system", content=pinned_block_text([p.text for p in missing]),
+                provenance=Provenance("pinned", tuple(p.id or p.pin_id for p in missing))))
+        return self._block[1]
+
+    def _view_hash(self, msgs: tuple[ViewMessage, ...], block: ViewMessage | None, at: int,
+                   pin_ids: Sequence[str]) -> str:
+        """`view_hash(msgs, self.tools, pin_ids)`, continued from the messages hashed for the last view when
+        `msgs` extends them (same pinned block at the same place)."""
+        hashed = self._hashed
+        if hashed is not None and hashed[0] is block and hashed[1] == at and hashed[2] <= len(msgs):
+            h, done = hashed[3], hashed[2]
+        else:
+            h, done = hashlib.sha256(b"ctxkit-view-v1"), 0
+        if done < len(msgs):
+            h.update(b"".join([m.digest for m in msgs[done:]]))
+        self._hashed = (block, at, len(msgs), h)
+        h = h.copy()
+        h.update(_tools_digest(tuple(self.tools)))
+        h.update(orjson.dumps(list(pin_ids)))
+        return h.hexdigest()
 
 
 def build_view(events: Sequence[Event] | Any, upto_seq: int | None = None) -> View:
@@ -390,81 +477,3 @@ def _single_index(msgs: Sequence[ViewMessage]) -> dict[str, int]:
         if len(m.provenance.event_ids) == 1 and m.provenance.how in ("verbatim", "masked", "truncated"):
             out.setdefault(m.provenance.event_ids[0], j)
     return out
-
-
-# ---------------------------------------------------------------------------------------------- checks
-
-
-@dataclass(frozen=True)
-class PairingProblem:
-    """One tool call or result that does not pair up (see `pairing_problems`)."""
-
-    problem: str
-    """One of `ctxkit.errors.PAIRING_PROBLEMS`: `orphaned_result`, `pending_call`, `unanswered_call`,
-    `duplicated_result`."""
-    event: str
-    """The event id(s) of the message at fault (the result, or the message making the call)."""
-    call_id: str | None
-    """The call concerned."""
-    text: str
-    """A one-line description naming the event and the call."""
-
-
-def pairing_problems(messages: Sequence[ViewMessage], *, allow_pending: bool = True) -> list[PairingProblem]:
-    """Every tool call or result of a message list that does not pair up, in order.
-
-    A tool message must answer a call of the nearest assistant message before it, with only tool
-    messages in between: one answering a call that message made and already answered is a
-    `duplicated_result`, any other an `orphaned_result`. Every call must be answered before the next
-    non-tool message: one that is not is an `unanswered_call`. Calls of the last assistant message still
-    without a result at the end are `pending_call`s (the episode is waiting for the tool, or ended with a
-    `submit`/`finish` call): legal, and reported only when `allow_pending` is False.
-    """
-    problems: list[PairingProblem] = []
-    open_calls: dict[str, ViewMessage] = {}  # call id -> the calling message, not yet answered
-    answered: set[str] = set()  # calls of the current calling message already answered
-    in_tool_run = False
-    for m in messages:
-        if m.role == "tool":
-            cid = m.tool_call_id
-            if in_tool_run and cid in open_calls:
-                del open_calls[cid]
-                answered.add(cid)
-                continue
-            ev = ",".join(m.provenance.event_ids)
-            if in_tool_run and cid in answered:
-                problems.append(PairingProblem("duplicated_result", ev, cid,
-                                               f"tool result {ev} answers call {cid!r}, which an earlier result "
-                                               "already answered (duplicated result)"))
-            else:
-                problems.append(PairingProblem("orphaned_result", ev, cid,
-                                               f"tool result {ev} answers call {cid!r} with no matching call "
-                                               "before it (orphaned result)"))
-            continue
-        for cid, caller in open_calls.items():  # event ids joined only for a problem
-            src, ev = ",".join(caller.provenance.event_ids), ",".join(m.provenance.event_ids)
-            problems.append(PairingProblem("unanswered_call", src, cid,
-                                           f"tool call {cid!r} of {src} has no result before the next message "
-                                           f"{ev} (unanswered call)"))
-        in_tool_run = bool(m.tool_calls)
-        open_calls = {tc.id: m for tc in m.tool_calls} if in_tool_run else {}
-        if answered:
-            answered = set()
-    if not allow_pending:
-        for cid, caller in open_calls.items():
-            src = ",".join(caller.provenance.event_ids)
-            problems.append(PairingProblem("pending_call", src, cid,
-                                           f"tool call {cid!r} of {src} has no result yet (pending call)"))
-    return problems
-
-
-def pending_calls(messages: Sequence[ViewMessage]) -> tuple[str, ...]:
-    """Ids of the calls of the last assistant message still waiting for a result at the end of the list."""
-    return tuple(p.call_id or "" for p in pairing_problems(messages, allow_pending=False)
-                 if p.problem == "pending_call")
-
-
-def find_orphans(messages: Sequence[ViewMessage]) -> list[str]:
-    """Descriptions of every tool call or result that breaks pairing (empty when paired). A trailing
-    pending call is legal and not listed (see `pairing_problems`)."""
-    return [p.text for p in pairing_problems(messages)]
