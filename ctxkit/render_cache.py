@@ -28,6 +28,14 @@ def shared_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
     return n
 
 
+def shared_suffix(a: Sequence[Any], b: Sequence[Any], limit: int) -> int:
+    """How many trailing items `a` and `b` share (the same object or equal), at most `limit`."""
+    k = 0
+    while k < limit and (a[-1 - k] is b[-1 - k] or a[-1 - k] == b[-1 - k]):
+        k += 1
+    return k
+
+
 class RenderCache:
     """Renders views with the generation prompt. Results are cached by view hash; the renderer of the
     recent view sharing the longest prefix of messages with a new view is extended (cut back to that
@@ -120,20 +128,24 @@ class RenderCache:
         from ctxkit.rendering import IncrementalRenderer
 
         msgs = view.messages
-        renderer, n = None, 0
+        renderer, n, hint, s = None, 0, None, 0
         if cache:  # the base sharing the longest prefix of messages: extended in place, or cut back first
             bases, best = self._bases, -1
             for k in range(len(bases) - 1, -1, -1):
                 if view.tools == bases[k][2] and (p := shared_prefix(msgs, bases[k][1])) > n:
                     best, n = k, p
             if best >= 0:
-                renderer = bases.pop(best)[0]  # no longer the renderer of its old view
+                renderer, old_msgs, _ = bases.pop(best)  # no longer the renderer of its old view
+                s = shared_suffix(msgs, old_msgs, min(len(msgs), len(old_msgs)) - n)
+                hint = renderer.splice_hint(n, s) if s and n < len(old_msgs) else None
                 renderer.cut(n)
         if renderer is None:
             renderer = IncrementalRenderer(self.tokenizer, self.template, view.tools or None, self.special_tokens,
                                            segments=self.segments)
         for m in msgs[n:]:
             renderer.append(*self._chat(m))
+        if hint is not None:
+            renderer.expect_splice(hint, n, s)
         out = renderer.render(add_generation_prompt=True)
         if cache:
             self._bases.append((renderer, msgs, view.tools))

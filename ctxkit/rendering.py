@@ -44,7 +44,8 @@ from ctxkit.chat_messages import message_text, validate_message
 from ctxkit.errors import MessageFormatError, RenderError, SpecialTokenError, TemplateError
 from ctxkit.render_cut import PrefixCut
 from ctxkit.render_mask import TextRegion, TurnLabeller
-from ctxkit.render_segments import SegmentCache, encode_segments, made_calls, message_key, safe_opener, strings_in
+from ctxkit.render_splice import SuffixSplice
+from ctxkit.render_segments import SegmentCache, made_calls, message_key, safe_opener, strings_in
 from ctxkit.special_tokens import encode_escaped, find_special_tokens, resolve_special_tokens
 from ctxkit.template_locality import window_delta
 from ctxkit.template_profile import template_profile
@@ -119,10 +120,8 @@ def context_hash(token_ids: Iterable[int]) -> str:
     return h.hexdigest()
 
 
-# ------------------------------------------------------------------------------------- renderer
 
-
-class IncrementalRenderer(TurnLabeller, PrefixCut):
+class IncrementalRenderer(TurnLabeller, PrefixCut, SuffixSplice):
     """Renders a growing conversation; each `render` tokenizes only text after the last stable
     special-token boundary and relabels only what changed. Ids equal a full `render` every time."""
 
@@ -230,8 +229,6 @@ class IncrementalRenderer(TurnLabeller, PrefixCut):
         for m in messages:
             self.append(m)
 
-    # -- text ---------------------------------------------------------------------------------
-
     def _render_text(self, chat: list[dict], agp: bool) -> str:
         return self.template.render_chat(chat, tools=self._tools_plain, add_generation_prompt=agp)
 
@@ -257,11 +254,10 @@ class IncrementalRenderer(TurnLabeller, PrefixCut):
         j = bisect.bisect_right(self._sp_ends, common)
         b = self._sp_ends[j - 1] if j else 0
         k = self._sp_tok[j - 1] if j else 0
-        del self._ids[k:], self._starts[k:], self._sp_ends[j:], self._sp_tok[j:]
-        if self._opener is not None:  # segment by segment, re-using the ids of segments seen before
-            encode_segments(self.segments, self.tokenizer, text[b:], b, self._opener, self._special_len,
-                            (self._ids, self._starts, self._sp_ends, self._sp_tok))
+        if self._opener is not None:  # segment by segment, re-using ids of segments seen before or a kept tail
+            self._encode_from(text, b, j, k)
         else:
+            del self._ids[k:], self._starts[k:], self._sp_ends[j:], self._sp_tok[j:]
             new_ids, new_starts = self.tokenizer.encode_with_offsets(text[b:], at_start=(b == 0))
             special_len = self._special_len
             for n in [n for n, tid in enumerate(new_ids) if tid in special_len]:  # specials are few
@@ -277,6 +273,8 @@ class IncrementalRenderer(TurnLabeller, PrefixCut):
     def _text_for(self, agp: bool) -> str:
         """The full rendered text: from a suffix window when the template is local and the delta passes
         its check against the text already known, else a render of the whole conversation."""
+        if self._splice is not None and (spliced := self._spliced_text(agp)) is not None:
+            return spliced
         chat, core = self._chat, self._core
         if self._local and core is not None:
             try:
@@ -304,6 +302,7 @@ class IncrementalRenderer(TurnLabeller, PrefixCut):
     def render(self, add_generation_prompt: bool = False) -> RenderedContext:
         """The context for the messages so far (ids equal `apply_chat_template(..., tokenize=True)`)."""
         text = self._text_for(add_generation_prompt)
+        self._last_agp = add_generation_prompt
         try:
             if self._escape:  # locate first, then tokenize with the escaped occurrences as plain text
                 core, head = self._core, self._head

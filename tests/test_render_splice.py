@@ -1,0 +1,98 @@
+"""`ctxkit.render_splice`: a renderer cut back to a shared prefix, given a changed block and the old view's kept
+suffix, splices its text (and the kept tail's ids) from the old render and windows around the block; every
+result equals a fresh render (ids, mask, roles, spans, drifts, hash, special-token reports), for random
+front drops, masked / truncated / replaced middle blocks and inserted blocks, on local (Qwen2.5, SmolLM2) and
+non-local (Qwen3, never spliced) templates, and the next render after it (a turn appended) is exact too.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ctxkit.render_segments import SegmentCache
+from ctxkit.rendering import IncrementalRenderer, render
+from test_render_cut import TOOLS, conversation, tok
+
+TOKENIZERS = ("qwen2.5-instruct", "smollm2-135m-instruct", "qwen3")
+
+
+def turn_starts(chat: list[dict]) -> list[int]:
+    """Indexes of the assistant messages after the leading two (a turn: the call and its results)."""
+    return [i for i, m in enumerate(chat) if i >= 2 and m["role"] == "assistant"]
+
+
+def edit(rng: random.Random, chat: list[dict], kind: str) -> tuple[list[dict], int, int]:
+    """`(new chat, a, s)`: the edited chat shares its first `a` and last `s` messages with `chat`."""
+    starts = turn_starts(chat)
+    x = rng.randrange(len(starts) - 1)
+    y = rng.randrange(x + 1, len(starts))
+    lo, hi = starts[x], starts[y]  # a run of whole turns, [lo, hi)
+    if kind == "drop-front":
+        lo = 2
+        block: list[dict] = []
+    elif kind == "mask":
+        block = [dict(m, content="[output masked]") if m["role"] == "tool" else m for m in chat[lo:hi]]
+    elif kind == "truncate":
+        block = [dict(m, content=m["content"][:40] + " [truncated]") if m["role"] == "tool" else m for m in chat[lo:hi]]
+    elif kind == "summary":
+        block = [{"role": "user", "content": f"Summary of turns {lo} to {hi}: ran commands."}]
+    else:  # insert a block before turn lo
+        hi = lo
+        block = [{"role": "user", "content": "Retrieved: an earlier note."}]
+    new = chat[:lo] + block + chat[hi:]
+    a = next((i for i in range(min(len(chat), len(new))) if chat[i] != new[i]), min(len(chat), len(new)))
+    s = 0
+    while s < min(len(chat), len(new)) - a and chat[-1 - s] == new[-1 - s]:
+        s += 1
+    return new, a, s
+
+
+def spliced(name: str, chat: list[dict], new: list[dict], a: int, s: int) -> IncrementalRenderer:
+    """A renderer that rendered `chat`, then was cut to `a` and given the rest of `new` with a splice hint."""
+    r = IncrementalRenderer(tok(name), None, TOOLS, segments=SegmentCache())
+    r.extend(chat)
+    r.render(add_generation_prompt=True)
+    hint = r.splice_hint(a, s)
+    r.cut(a)
+    r.extend(new[a:])
+    r.expect_splice(hint, a, s)
+    return r
+
+
+def same(got, want) -> None:
+    assert got.token_ids == want.token_ids
+    assert (got.loss_mask, got.roles, got.spans, got.drifts) == (want.loss_mask, want.roles, want.spans, want.drifts)
+    assert (got.hash, got.special_tokens_in_content) == (want.hash, want.special_tokens_in_content)
+
+
+@pytest.mark.parametrize("name", TOKENIZERS)
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 10**6), kind=st.sampled_from(["drop-front", "mask", "truncate", "summary", "insert"]))
+def test_a_spliced_render_equals_a_fresh_one(name, seed, kind):
+    rng = random.Random(seed)
+    t = tok(name)
+    chat = conversation(rng, t, rng.randint(4, 9), "s")
+    new, a, s = edit(rng, chat, kind)
+    r = spliced(name, chat, new, a, s)
+    same(r.render(add_generation_prompt=True), render(new, t, None, TOOLS, add_generation_prompt=True))
+    more = conversation(rng, t, 1, "more")[2:]  # the next turn, appended after the spliced render
+    r.extend(more)
+    same(r.render(add_generation_prompt=True), render(new + more, t, None, TOOLS, add_generation_prompt=True))
+    if name == "qwen3":
+        assert r.splice_renders == 0  # not local: never spliced
+
+
+@pytest.mark.parametrize("name", ["qwen2.5-instruct", "smollm2-135m-instruct"])
+def test_a_front_drop_is_spliced_on_a_local_template(name):
+    rng = random.Random(7)
+    t = tok(name)
+    chat = [m for m in conversation(rng, t, 12, "f") if "forged" not in str(m.get("content"))]
+    starts = turn_starts(chat)
+    new = chat[:2] + chat[starts[4]:]
+    r = spliced(name, chat, new, 2, len(new) - 2)
+    same(r.render(add_generation_prompt=True), render(new, t, None, TOOLS, add_generation_prompt=True))
+    assert (r.splice_renders, r.full_renders) == (1, 1)
