@@ -146,8 +146,9 @@ def test_bench_log_runs_every_arm(tmp_path, rounds):
         ("append batch", 30, "append"), ("append batch [writer]", 30, "writer"),
         ("append always", 4, "append"), ("append always [writer]", 4, "writer"),
         ("extend batch", 30, "append"), ("extend batch [writer]", 30, "writer"),
-        ("bare chained", 30, ""), ("bare write+fsync", 4, "")]
-    names = ["always time / bare write+fsync time", "batch / bare chained", "extend / bare chained", "none / bare chained"]
+        ("bare chained", 30, ""), ("bare chained write", 30, ""), ("bare write+fsync", 4, "")]
+    names = ["always time / bare write+fsync time", "batch / bare chained", "batch / bare chained write", "extend / bare chained",
+             "none / bare chained"]
     assert sorted(result.ratios) == sorted(result.cpu_ratios) == sorted(names + [n + " [writer]" for n in names])
     text = table(result)
     assert [line.split()[-2:] for line in text.split("\n") if line.startswith("ratio")] == [["lock=append", "lock=writer"]]

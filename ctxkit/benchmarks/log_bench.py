@@ -8,10 +8,12 @@ from open to close, named with a ` [writer]` suffix), run one after the other so
 - `extend batch`: `EventLog.extend` in batches of 1000 (one fsync each).
 - `bare chained`: orjson (sorted keys) + sha256 chained over the previous hash, written through a buffered
   file: the floor a hash-chained JSONL log can reach in Python.
+- `bare chained write`: the same loop with one `os.write` per line on an O_APPEND descriptor: the floor of
+  `batch`, which promises each append reaches the OS before it returns (one system call per event at least).
 - `bare write+fsync`: `os.write` + `os.fsync` per pre-encoded line: the floor of `always`.
 `always` and `bare write+fsync` run `fsync_events` events (fsync is slow; both get the same count). Rates
 are events per second; ratios (per lock mode) are `append none`, `append batch` and `extend batch` over
-`bare chained`, and the time per event of `append always` over `bare write+fsync`. Each arm is timed on the wall clock and on this process's
+`bare chained`, `append batch` over `bare chained write`, and the time per event of `append always` over `bare write+fsync`. Each arm is timed on the wall clock and on this process's
 CPU clock (user + system: what the loop itself cost, less sensitive to other work on a shared machine);
 `rounds` > 1 runs every arm that many times, interleaved, and keeps each arm's best wall and best CPU time.
 Speed is measured here, never in tests.
@@ -89,7 +91,7 @@ class LogBenchResult:
     @property
     def ratios(self) -> dict[str, float]:
         """Per lock mode (the key ends with its `LOCK_SUFFIX`): `append none`, `append batch` and `extend batch`
-        rates over `bare chained`; `append always` time per event over `bare write+fsync` (lower is better;
+        rates over `bare chained`; `append batch` over `bare chained write`; `append always` time per event over `bare write+fsync` (lower is better;
         the target is <= 1.5). Wall clock."""
         return self._ratios(lambda a: a.seconds)
 
@@ -104,6 +106,7 @@ class LogBenchResult:
         for suffix in LOCK_SUFFIX.values():
             out.update({f"none / bare chained{suffix}": bare / per(f"append none{suffix}"),
                         f"batch / bare chained{suffix}": bare / per(f"append batch{suffix}"),
+                        f"batch / bare chained write{suffix}": per("bare chained write") / per(f"append batch{suffix}"),
                         f"extend / bare chained{suffix}": bare / per(f"extend batch{suffix}"),
                         f"always time / bare write+fsync time{suffix}": per(f"append always{suffix}")
                         / per("bare write+fsync")})
@@ -196,6 +199,22 @@ def _round(events: list[ToolResult], n_sync: int, where: Path, say: Callable[[st
                     prev = digest
 
         arms.append(_timed("bare chained", n_events, path, bare_loop))
+        say(f"bare chained write: {n_events} events")
+        path = where / "bare-chained-write.jsonl"
+
+        def bare_write_loop():
+            prev = "0" * 64
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            try:
+                for d in dicts:
+                    body = orjson.dumps(d, option=orjson.OPT_SORT_KEYS)
+                    digest = hashlib.sha256(prev.encode() + body).hexdigest()
+                    os.write(fd, body[:-1] + b',"prev":"' + prev.encode() + b'","hash":"' + digest.encode() + b'"}\n')
+                    prev = digest
+            finally:
+                os.close(fd)
+
+        arms.append(_timed("bare chained write", n_events, path, bare_write_loop))
         say(f"bare write+fsync: {n_sync} events")
         lines = (where / "append-always-append.jsonl").read_bytes().split(b"\n")[1:n_sync + 1]
         path = where / "bare-fsync.jsonl"
