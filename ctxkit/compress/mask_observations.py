@@ -16,11 +16,11 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from ctxkit.compress.base import BaseCompressor, CompressionRequest, require_fraction, require_int
-from ctxkit.compress.turns import base_messages, estimate_size
+from ctxkit.compress.turns import SizeEstimate, base_messages
 from ctxkit.edits import MaskEdit
 from ctxkit.errors import ConfigError
 from ctxkit.events import ToolResult, content_text
-from ctxkit.view import View, apply_edits
+from ctxkit.view import View, ViewMessage, apply_edits
 
 DEFAULT_PLACEHOLDER = "[tool output {event_id} masked: {n_tokens} tokens]"
 
@@ -61,28 +61,45 @@ class MaskObservations(BaseCompressor):
 
     def mask(self, request: CompressionRequest, n_tokens: int) -> tuple[list[MaskEdit], dict[str, Any], View, int]:
         """`(edits, details, masked view, its measured size)`: mask beyond `keep_last` turns, halving the
-        unmasked window until the view is at most `target_fraction * budget` (or one turn is left)."""
+        unmasked window until the view is at most `target_fraction * budget` (or one turn is left).
+
+        A candidate estimated not to fit is skipped without building its view: on a view without pins
+        its estimate comes from the masked messages alone (`SizeEstimate.replaced`, the same number
+        `estimate_size` gives); only the candidates measured, and the one returned, are built."""
         p = self.params
         view = request.view
         originals = _tool_results(request)
         keeps = [p["keep_last"]]
         while keeps[-1] > 1:
             keeps.append(keeps[-1] // 2)
+        estimate = SizeEstimate(request.tokenizer, view, n_tokens)
+        plain = not view.active_pins and _single_targets(view)  # replacements alone give the candidate
         edits: list[MaskEdit] = []
-        candidate = view
+        candidate: View | None = view
         size = n_tokens
         used_keep = p["keep_last"]
         target = int(p["target_fraction"] * request.budget)
         for i, keep in enumerate(keeps):
-            edits = mask_edits(request, view, keep, p["placeholder"], originals)
-            candidate = apply_edits(view, edits, where=self.spec.name) if edits else view
+            changes = mask_changes(request, view, keep, p["placeholder"], originals)
+            edits = [edit for _, edit in changes]
             used_keep = keep
+            candidate = None
             # measure exactly only a candidate estimated to fit (or the last one)
-            if i < len(keeps) - 1 and estimate_size(request.tokenizer, view, n_tokens, candidate) > target:
-                continue
+            if i < len(keeps) - 1:
+                if plain:
+                    guess = estimate.replaced([(m, edit.text) for m, edit in changes])
+                else:
+                    candidate = apply_edits(view, edits, where=self.spec.name) if edits else view
+                    guess = estimate.of(candidate)
+                if guess > target:
+                    continue
+            if candidate is None:
+                candidate = apply_edits(view, edits, where=self.spec.name) if edits else view
             size = request.measure(candidate)
             if size <= target:
                 break
+        if candidate is None:  # not reached: the last candidate is always measured
+            candidate = apply_edits(view, edits, where=self.spec.name) if edits else view
         return edits, {"masked": len(edits), "keep_last_used": used_keep}, candidate, size
 
 
@@ -98,10 +115,22 @@ def mask_edits(
     originals: Mapping[str, ToolResult],
 ) -> list[MaskEdit]:
     """Mask edits for every unmasked tool message outside the newest `keep_last` assistant turns."""
+    return [edit for _, edit in mask_changes(request, view, keep_last, placeholder, originals)]
+
+
+def mask_changes(
+    request: CompressionRequest,
+    view: View,
+    keep_last: int,
+    placeholder: str,
+    originals: Mapping[str, ToolResult],
+) -> list[tuple[ViewMessage, MaskEdit]]:
+    """`(message, its mask edit)` for every unmasked tool message outside the newest `keep_last` assistant
+    turns, in view order (`mask_edits` without the messages)."""
     msgs = base_messages(view)
     assistant_at = [i for i, m in enumerate(msgs) if m.role == "assistant"]
     cutoff = assistant_at[-keep_last] if 0 < keep_last <= len(assistant_at) else (len(msgs) if keep_last == 0 else 0)
-    edits: list[MaskEdit] = []
+    out: list[tuple[ViewMessage, MaskEdit]] = []
     for m in msgs[:cutoff]:
         if m.role != "tool" or m.provenance.how not in ("verbatim", "truncated"):
             continue
@@ -109,5 +138,20 @@ def mask_edits(
         original = originals.get(eid)
         text = content_text(original.content) if original is not None else m.content
         n = request.tokenizer.count(text)
-        edits.append(MaskEdit(eid, placeholder.format(event_id=eid, n_tokens=n, name=m.name or "tool")))
-    return edits
+        out.append((m, MaskEdit(eid, placeholder.format(event_id=eid, n_tokens=n, name=m.name or "tool"))))
+    return out
+
+
+def _single_targets(view: View) -> bool:
+    """Whether `view` has no pinned block and no event stands behind two of its messages, so a mask edit
+    naming a message's event replaces that message itself (`ctxkit.view` replaces the first message of
+    the event) and nothing else changes."""
+    seen: set[str] = set()
+    for m in view.messages:
+        if m.provenance.how == "pinned":
+            return False
+        for eid in m.provenance.event_ids:
+            if eid in seen:
+                return False
+            seen.add(eid)
+    return True

@@ -22,6 +22,8 @@ KEEPS: tuple[str, ...] = ("head", "tail", "head_tail", "middle")
 """Which part of an output survives."""
 MARKER = "[... {n_cut} tokens of {event_id} truncated ...]"
 """The marker joined into a truncated output."""
+FITS_KEPT = 50_000
+"""How many fitting tool-output texts a compressor remembers (per tokenizer) before starting over."""
 
 
 class TruncateToolOutput(BaseCompressor):
@@ -42,18 +44,36 @@ class TruncateToolOutput(BaseCompressor):
         details["tokens_after"] = size
         return edits, details
 
+    def known_to_fit(self, tokenizer: Any) -> set[str]:
+        """Tool-output texts already found within `max_tokens` tokens of `tokenizer` (a verbatim output stays
+        in the view, and is looked at again, at every later compaction); one tokenizer's at a time, at most
+        `FITS_KEPT` texts (the set starts over beyond that, or for another tokenizer)."""
+        key = getattr(tokenizer, "id", None) or tokenizer
+        kept = getattr(self, "_fits", None)
+        if kept is None or kept[0] != key or len(kept[1]) >= FITS_KEPT:
+            kept = (key, set())
+            self._fits = kept
+        return kept[1]
+
     def truncate(self, request: CompressionRequest, n_tokens: int) -> tuple[list[TruncateEdit], dict[str, Any], View, int]:
         """`(edits, details, capped view, its measured size)`."""
         p = self.params
         view = request.view
         edits: list[TruncateEdit] = []
+        tok = request.tokenizer
+        fits = self.known_to_fit(tok)
         for m in base_messages(view):
             if m.role != "tool" or m.provenance.how != "verbatim":
                 continue
+            content = m.content
+            if content in fits:  # known to fit: no need to encode it again
+                continue
             eid = m.provenance.event_ids[0]
-            text = truncate_text(request.tokenizer, m.content, p["max_tokens"], p["keep"], eid)
+            text = truncate_text(tok, content, p["max_tokens"], p["keep"], eid)
             if text is not None:
                 edits.append(TruncateEdit(eid, text))
+            else:
+                fits.add(content)
         size = n_tokens
         if edits:
             view = apply_edits(view, edits, where=self.spec.name)

@@ -16,7 +16,7 @@ from ctxkit.edits import DropEdit
 from ctxkit.errors import BudgetError
 from ctxkit.view import View, ViewMessage, apply_edits
 
-__all__ = ["base_messages", "estimate_size", "fit_window", "message_cost", "prefix_groups", "turn_groups"]
+__all__ = ["SizeEstimate", "base_messages", "estimate_size", "fit_window", "message_cost", "prefix_groups", "turn_groups"]
 
 
 def base_messages(view: View) -> list[ViewMessage]:
@@ -63,13 +63,40 @@ def estimate_size(tokenizer: Any, view: View, n_tokens: int, candidate: View) ->
     """Estimated render size of `candidate` from the measured size `n_tokens` of `view`: the text-token
     difference of the messages that differ, plus a per-message scaffold calibrated on `view`. Used to
     choose which candidate to measure exactly; never a substitute for the measurement."""
-    text = sum(message_cost(tokenizer, m) for m in view.messages)
-    per_msg = max(0.0, (n_tokens - text) / max(1, len(view.messages)))
-    old = {id(m) for m in view.messages}
-    new = {id(m) for m in candidate.messages}
-    added = sum(message_cost(tokenizer, m) + per_msg for m in candidate.messages if id(m) not in old)
-    removed = sum(message_cost(tokenizer, m) + per_msg for m in view.messages if id(m) not in new)
-    return int(n_tokens + added - removed)
+    return SizeEstimate(tokenizer, view, n_tokens).of(candidate)
+
+
+class SizeEstimate:
+    """`estimate_size` for several candidates of one measured view: the view's text total and per-message
+    scaffold are computed once, and a candidate that only replaces some messages can be estimated from
+    those replacements without building its view (`replaced`, same value as `of` on that view)."""
+
+    def __init__(self, tokenizer: Any, view: View, n_tokens: int) -> None:
+        self.tokenizer = tokenizer
+        self.view = view
+        self.n_tokens = n_tokens
+        text = sum(message_cost(tokenizer, m) for m in view.messages)
+        self.per_msg = max(0.0, (n_tokens - text) / max(1, len(view.messages)))
+        """Scaffold tokens per message, calibrated on the measured view."""
+
+    def of(self, candidate: View) -> int:
+        """`estimate_size(tokenizer, view, n_tokens, candidate)`."""
+        tok, per_msg, view = self.tokenizer, self.per_msg, self.view
+        old = {id(m) for m in view.messages}
+        new = {id(m) for m in candidate.messages}
+        added = sum(message_cost(tok, m) + per_msg for m in candidate.messages if id(m) not in old)
+        removed = sum(message_cost(tok, m) + per_msg for m in view.messages if id(m) not in new)
+        return int(self.n_tokens + added - removed)
+
+    def replaced(self, changes: Sequence[tuple[ViewMessage, str]]) -> int:
+        """The estimate of the view with each `(message, new content)` of `changes` replaced by a new message
+        with that content (in view order, nothing else changed: what mask and truncate edits give on a
+        view without pins). Equal to `of` on that view: the same terms summed in the same order."""
+        tok, per_msg = self.tokenizer, self.per_msg
+        added = sum(message_cost(tok, m) - (tok.count(m.content) if m.content else 0)
+                    + (tok.count(text) if text else 0) + per_msg for m, text in changes)
+        removed = sum(message_cost(tok, m) + per_msg for m, _ in changes)
+        return int(self.n_tokens + added - removed)
 
 
 def fit_window(
