@@ -37,7 +37,7 @@ not recorded, so it always reflects the pins active at that point.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Iterable, Literal, Mapping, Sequence
 
@@ -403,9 +403,15 @@ def apply_edits(view: View, edits: Sequence[Edit], *, where: str = "edits") -> V
 
     Compressors use it to try candidate edits and measure the result.
     """
-    base = [m for m in view.messages if m.provenance.how != "pinned"]
-    out = apply_edits_to_list(base, edits, where=where)
+    hit = _BASE[0]
+    if hit is None or hit[0] is not view.messages:  # a compressor tries several candidates on one view
+        base = tuple(m for m in view.messages if m.provenance.how != "pinned")
+        hit = _BASE[0] = (view.messages, base, {})
+    out = _apply_edits(hit[1], edits, where, hit[2])
     return make_view(out, view.tools, view.active_pins, view.upto_seq)
+
+
+_BASE: list[Any] = [None]  # (messages of the last view edited, the same without the pinned block, its _single_index or {})
 
 
 def apply_edits_to_list(messages: Sequence[ViewMessage], edits: Sequence[Edit], *, where: str) -> list[ViewMessage]:
@@ -413,23 +419,36 @@ def apply_edits_to_list(messages: Sequence[ViewMessage], edits: Sequence[Edit], 
 
     `LogFormatError` naming `where` and the edit's index when an edit names an event not in the view, or
     is not a typed edit (read JSON objects with `ctxkit.edits.edit_from_dict`)."""
+    return _apply_edits(messages, edits, where, None)
+
+
+def _apply_edits(messages: Sequence[ViewMessage], edits: Sequence[Edit], where: str,
+                 known: dict[str, int] | None) -> list[ViewMessage]:
+    """`apply_edits_to_list`; `known`: a dict kept with `messages` to hold their `_single_index` (filled here
+    the first time it is needed)."""
     msgs = list(messages)
     index: dict[str, int] | None = None  # event id -> position of its single message (mask/truncate)
+    moved = False  # a drop, summary or retrieved edit changed positions: `known` no longer applies
     for i, edit in enumerate(edits):
         if not isinstance(edit, EDIT_TYPES):
             raise LogFormatError(f"{where}: edit {i} is {type(edit).__name__}, not a typed edit; "
                                  f"known kinds: {sorted(EDIT_KINDS)} (read JSON with ctxkit.edits.edit_from_dict)")
-        here = f"{where}: edit {i} ({edit.kind!r})"
         if isinstance(edit, (MaskEdit, TruncateEdit)):
             if index is None:
-                index = _single_index(msgs)
+                if known is not None and not moved:
+                    if not known:
+                        known.update(_single_index(msgs))
+                    index = known
+                else:
+                    index = _single_index(msgs)
             j = index.get(edit.event_id)
             if j is None:
-                raise LogFormatError(f"{here}: event {edit.event_id!r} is not a single message in the view")
-            how = "masked" if isinstance(edit, MaskEdit) else "truncated"
-            msgs[j] = replace(msgs[j], content=edit.text, token_ids=None, provenance=Provenance(how, (edit.event_id,)))
+                raise LogFormatError(f"{where}: edit {i} ({edit.kind!r}): event {edit.event_id!r} is not a single "
+                                     "message in the view")
+            msgs[j] = _edited(msgs[j], "masked" if isinstance(edit, MaskEdit) else "truncated", edit.text, edit.event_id)
             continue
-        index = None  # drop, summary and retrieved change positions
+        here = f"{where}: edit {i} ({edit.kind!r})"
+        index, moved = None, True  # drop, summary and retrieved change positions
         if isinstance(edit, DropEdit):
             ids = set(edit.event_ids)
             kept = [m for m in msgs if not ids.intersection(m.provenance.event_ids)]
@@ -452,6 +471,25 @@ def apply_edits_to_list(messages: Sequence[ViewMessage], edits: Sequence[Edit], 
                                 provenance=Provenance("retrieved", edit.event_ids))
             msgs.insert(newest_turn_start(msgs), block)
     return msgs
+
+
+_EDITED: dict[tuple[int, str, str], tuple[ViewMessage, ViewMessage]] = {}  # (id(message), how, text) -> (it, edited)
+
+
+def _edited(m: ViewMessage, how: str, text: str, event_id: str) -> ViewMessage:
+    """`m` with `text` as its content, no sampled ids and provenance `how` of `event_id` (its own single
+    event). Made once per (message, how, text) while kept, so the candidates a compressor tries and the view
+    rebuilt from the recorded compaction share the message, and its digest is computed once."""
+    key = (id(m), how, text)
+    hit = _EDITED.get(key)
+    if hit is not None and hit[0] is m:
+        return hit[1]
+    out = ViewMessage(m.role, text, m.tool_calls, m.tool_call_id, m.name, m.reasoning_content, None,
+                      Provenance(how, (event_id,)))
+    if len(_EDITED) >= 8192:
+        _EDITED.clear()
+    _EDITED[key] = (m, out)  # holds m, so its id is not reused while kept
+    return out
 
 
 def newest_turn_start(messages: Sequence[ViewMessage]) -> int:

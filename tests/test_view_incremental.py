@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ctxkit.edits import DropEdit, MaskEdit, SummaryEdit
+from ctxkit.edits import DropEdit, MaskEdit, SummaryEdit, TruncateEdit
+from ctxkit.errors import LogFormatError
 from ctxkit.events import Compaction, EpisodeStart, Message, Pin, Step, ToolCall, ToolResult, Unpin
-from ctxkit.view import PairingScan, ViewState, make_view, pairing_problems
+from ctxkit.view import (PairingScan, Provenance, ViewState, apply_edits, apply_edits_to_list, make_view,
+                         pairing_problems)
 
 TOOLS = ({"type": "function", "function": {"name": "read", "parameters": {"type": "object"}}},)
 TEXTS = ("keep tests green", "never push", "use tabs", "keep")
@@ -116,3 +119,54 @@ def test_pinned_block_after_a_system_message_with_calls_keeps_the_full_scan():
     got = state.pairing_problems()
     assert got == pairing_problems(view.messages)
     assert [p.problem for p in got] == ["unanswered_call", "orphaned_result"]
+
+
+def reference_edits(messages, edits):
+    """apply_edits_to_list as first written (dataclasses.replace, an index rebuilt per edit): the reference."""
+    msgs = list(messages)
+    for edit in edits:
+        if isinstance(edit, (MaskEdit, TruncateEdit)):
+            index = {}
+            for j, m in enumerate(msgs):
+                if len(m.provenance.event_ids) == 1 and m.provenance.how in ("verbatim", "masked", "truncated"):
+                    index.setdefault(m.provenance.event_ids[0], j)
+            j = index.get(edit.event_id)
+            if j is None:
+                return None
+            how = "masked" if isinstance(edit, MaskEdit) else "truncated"
+            msgs[j] = dataclasses.replace(msgs[j], content=edit.text, token_ids=None,
+                                          provenance=Provenance(how, (edit.event_id,)))
+        else:
+            kept = [m for m in msgs if not set(edit.event_ids).intersection(m.provenance.event_ids)]
+            if len(kept) == len(msgs):
+                return None
+            msgs = kept
+    return msgs
+
+
+EDITS = st.lists(st.tuples(st.sampled_from(["mask", "truncate", "drop", "missing"]), st.integers(0, 30),
+                           st.sampled_from(["[a]", "[b]"])), max_size=6)
+
+
+@settings(max_examples=150, deadline=None)
+@given(OPS, st.lists(EDITS, min_size=1, max_size=3))
+def test_apply_edits_equals_the_reference_through_repeated_candidates(ops, candidates):
+    """A compressor tries several candidates on one view: each equals the reference, however the kept base,
+    index and edited messages of earlier candidates are re-used."""
+    view = ViewState().feed(events_of(ops)).view()
+    ids = [m.provenance.event_ids[0] for m in view.messages if m.provenance.event_ids] or ["none"]
+    base = [m for m in view.messages if m.provenance.how != "pinned"]
+    swapped = [[(op, k, "[b]" if t == "[a]" else "[a]") for op, k, t in spec] for spec in candidates]
+    for spec in candidates + swapped + candidates[:1]:
+        edits = [MaskEdit(event_id=ids[k % len(ids)], text=t) if op == "mask"
+                 else TruncateEdit(event_id=ids[k % len(ids)], text=t) if op == "truncate"
+                 else DropEdit(event_ids=(ids[k % len(ids)],)) if op == "drop"
+                 else MaskEdit(event_id="no-such-event", text=t) for op, k, t in spec]
+        want = reference_edits(base, edits)
+        if want is None:
+            with pytest.raises(LogFormatError):
+                apply_edits(view, edits)
+            continue
+        got = apply_edits(view, edits)
+        assert got == make_view(want, view.tools, view.active_pins, view.upto_seq)
+        assert apply_edits_to_list(base, edits, where="test") == want
