@@ -45,9 +45,7 @@ def validate_message(
         if role != "assistant":
             raise MessageFormatError(f"{where}: only assistant messages may carry token_ids (role is {role!r})")
         ids = message["token_ids"]
-        if not isinstance(ids, (list, tuple)) or not all(
-            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab_size for t in ids
-        ):
+        if not isinstance(ids, (list, tuple)) or not _valid_ids(ids, vocab_size):
             raise MessageFormatError(f"{where}: token_ids must be a list of ids in [0, {vocab_size})")
         sampled = tuple(ids)
     if role == "assistant" and message.get("tool_calls") is not None:
@@ -75,3 +73,12 @@ def validate_message(
             raise ToolPairingError(f"{where}: tool result without a tool_call_id and no earlier tool call (orphaned result)",
                                    problem="orphaned_result", event=where)
     return clean, sampled
+
+
+def _valid_ids(ids: list | tuple, vocab_size: int) -> bool:
+    """Every item an int (not a bool) in [0, vocab_size); plain ints are checked at C speed."""
+    if not ids:
+        return True
+    if set(map(type, ids)) == {int}:
+        return min(ids) >= 0 and max(ids) < vocab_size
+    return all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab_size for t in ids)

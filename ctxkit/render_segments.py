@@ -84,7 +84,7 @@ def message_key(message: Mapping[str, Any]) -> Any:
         return (message.get("role"), _freeze(message.get("content")), call_key, message.get("tool_call_id"),
                 message.get("name"), message.get("reasoning_content"),
                 None if message.get("token_ids") is None else tuple(message["token_ids"]),
-                tuple(sorted(k for k in message if k not in _KNOWN_KEYS)) or None)
+                tuple(sorted(message.keys() - _KNOWN_KEYS)) or None)
     except (TypeError, AttributeError):
         return None
 
@@ -93,6 +93,8 @@ _KNOWN_KEYS = frozenset({"role", "content", "tool_calls", "tool_call_id", "name"
 
 
 def _freeze(value: Any) -> Any:
+    if type(value) is str or value is None:  # the common leaves, hashable as they are
+        return value
     if isinstance(value, Mapping):
         return tuple((k, _freeze(v)) for k, v in value.items())
     if isinstance(value, (list, tuple)):

@@ -316,6 +316,17 @@ def limit_filter(name: str, func: Any) -> Any:
 
     what = f"the result of |{name}"
 
+    if not stringifies and name not in _ARG_CHECKED:  # `_filter_check` would return the arguments as given
+
+        @functools.wraps(func)
+        def limited(*args: Any, **kwargs: Any) -> Any:
+            budget = _ACTIVE.get()
+            if budget is not None:
+                budget.tick()
+            return check_result(func(*args, **kwargs), what)
+
+        return limited
+
     @functools.wraps(func)
     def limited(*args: Any, **kwargs: Any) -> Any:
         budget = _ACTIVE.get()
@@ -325,6 +336,10 @@ def limit_filter(name: str, func: Any) -> Any:
         return check_result(func(*args, **kwargs), what)
 
     return limited
+
+
+_ARG_CHECKED = frozenset({"join", "center", "indent", "batch", "slice", "format", "replace", "wordwrap", "sum"})
+"""Filters whose arguments `_filter_check` looks at (besides the stringifying ones)."""
 
 
 _STRINGIFYING = frozenset({
@@ -339,6 +354,7 @@ def _arg(args: tuple, kwargs: dict, i: int, key: str, default: Any) -> Any:
 
 
 def _filter_check(name: str, args: tuple, offset: int, kwargs: dict, stringifies: bool) -> tuple:
+    """Check a filter's arguments before it runs (a name given a branch here must be in `_ARG_CHECKED`)."""
     if len(args) <= offset:
         return args
     value = args[offset]
