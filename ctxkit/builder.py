@@ -29,7 +29,7 @@ from ctxkit.errors import (BudgetError, ConfigError, InvariantError, LogFormatEr
                            ToolPairingError)
 from ctxkit.events import Compaction, EpisodeStart, Event, Pin, Unpin
 from ctxkit.log import MemoryLog as MemoryLog  # its home is ctxkit.log; kept importable from here
-from ctxkit.pairing import PairingProblem, pairing_problems, pending_calls
+from ctxkit.pairing import PairingProblem, pairing_problems
 from ctxkit.pins import detect_constraints, resolve_pin_rules
 from ctxkit.render_cache import RenderCache
 from ctxkit.special_tokens import RECORDED_DEFAULT, resolve_special_tokens
@@ -210,8 +210,9 @@ class ContextBuilder:
             raise InvariantError(f"compressor {self.compressor.spec.name} proposed invalid edits: {exc}") from None
         truncated = False
         pending_before = None  # without a compaction the view keeps its pending calls: nothing to compare
-        if compaction is not None:
-            pending_before = pending_calls(view.messages)
+        if compaction is not None:  # pending_calls(view.messages), from the view state's incremental scan
+            pending_before = tuple(p.call_id or "" for p in self._state.pairing_problems(allow_pending=False)
+                                   if p.problem == "pending_call")
             name = self.compressor.spec.name
             if not isinstance(compaction, Compaction):
                 raise InvariantError(f"compressor {name} returned {type(compaction).__name__}, not a Compaction")
