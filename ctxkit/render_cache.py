@@ -128,7 +128,7 @@ class RenderCache:
         from ctxkit.rendering import IncrementalRenderer
 
         msgs = view.messages
-        renderer, n, hint, s = None, 0, None, 0
+        renderer, n = None, 0
         if cache:  # the base sharing the longest prefix of messages: extended in place, or cut back first
             bases, best = self._bases, -1
             for k in range(len(bases) - 1, -1, -1):
@@ -137,15 +137,17 @@ class RenderCache:
             if best >= 0:
                 renderer, old_msgs, _ = bases.pop(best)  # no longer the renderer of its old view
                 s = shared_suffix(msgs, old_msgs, min(len(msgs), len(old_msgs)) - n)
-                hint = renderer.splice_hint(n, s) if s and n < len(old_msgs) else None
-                renderer.cut(n)
+                if s and n < len(old_msgs):  # one changed block: the kept tail is spliced, not appended again
+                    renderer.splice(n, s, [self._chat(m) for m in msgs[n : len(msgs) - s]],
+                                    lambda: [self._chat(m) for m in msgs[len(msgs) - s :]])
+                    n = len(msgs)
+                else:
+                    renderer.cut(n)
         if renderer is None:
             renderer = IncrementalRenderer(self.tokenizer, self.template, view.tools or None, self.special_tokens,
                                            segments=self.segments)
         for m in msgs[n:]:
             renderer.append(*self._chat(m))
-        if hint is not None:
-            renderer.expect_splice(hint, n, s)
         out = renderer.render(add_generation_prompt=True)
         if cache:
             self._bases.append((renderer, msgs, view.tools))

@@ -77,9 +77,11 @@ class TurnLabeller:
         mode = "turns"
         if self._structural_ok and text.count(gp) == self._n_assistant + (1 if agp and text.endswith(gp) else 0):
             mode = "structural"
+        tail = self.shifted_tail()  # a kept tail's old regions (`SuffixSplice`), or None
         if mode != self._mode:
             self._regions, self._prefix_max, self._mode, self._unresolved = [], [], mode, []
             self._span_dirty = 0
+            tail = None
         # Keep the regions of the leading messages that lie wholly in unchanged text (prefix max of
         # region ends is monotonic, so bisect finds where they stop).
         regions, pmax = self._regions, self._prefix_max
@@ -99,8 +101,14 @@ class TurnLabeller:
         relabel_from = min(stable, cursor)
         new: list[TextRegion] = []
         try:
-            self._locate_from(text, keep, cursor, mode, new)
+            if tail is not None and mode == "structural" and tail[0] >= keep:
+                cursor = self._locate_from(text, keep, cursor, mode, new, tail[0] + 1)
+                if not self.attach_tail(new, tail, cursor):
+                    self._locate_from(text, tail[0] + 1, cursor, mode, new)
+            else:
+                self._locate_from(text, keep, cursor, mode, new)
         except _Fallback:
+            self._tail_labels = None
             self._mode = "turns"
             del regions[:], pmax[:], unresolved[:]
             self._span_dirty = 0
@@ -117,9 +125,12 @@ class TurnLabeller:
         self._located = len(self._chat)
         return relabel_from
 
-    def _locate_from(self, text: str, first: int, cursor: int, mode: str, out: list[TextRegion]) -> int:
+    def _locate_from(self, text: str, first: int, cursor: int, mode: str, out: list[TextRegion],
+                     stop: int | None = None) -> int:
+        """Locate messages `first` to `stop` (exclusive; default: all) from char `cursor` into `out`; return the
+        cursor after them."""
         gp, eot, opener = self._profile.generation_prompt, self._profile.end_of_turn, self._profile.turn_opener
-        for i in range(first, len(self._chat)):
+        for i in range(first, len(self._chat) if stop is None else stop):
             msg = self._chat[i]
             role = msg.get("role")
             if role == "assistant":
@@ -226,12 +237,25 @@ class TurnLabeller:
         starts = self._starts
         t0 = bisect.bisect_left(starts, from_char)
         n = len(self._ids)
-        del self._roles[t0:], self._mask[t0:]
-        self._roles.extend(["scaffold"] * (n - t0))
-        self._mask.extend([0] * (n - t0))
+        tail, self._tail_labels = self._tail_labels, None
         first = bisect.bisect_right(self._prefix_max, from_char)
         self._span_dirty = min(self._span_dirty, first)
-        todo = self._regions[first:] + ([self._final] if self._final is not None else [])
+        upto = len(self._regions)
+        if tail is not None and t0 <= tail[1] and first <= upto - tail[2]:
+            # a kept tail (`SuffixSplice.attach_tail`): its tokens keep their labels, which depend only on its
+            # own regions (each starts at or after its first token, the turn opener), shifted with them
+            t_old, t_new, upto = tail[0], tail[1], upto - tail[2]
+            roles_tail, mask_tail = self._roles[t_old:], self._mask[t_old:]
+            del self._roles[t0:], self._mask[t0:]
+            self._roles += ["scaffold"] * (t_new - t0)
+            self._roles += roles_tail
+            self._mask += [0] * (t_new - t0)
+            self._mask += mask_tail
+        else:
+            del self._roles[t0:], self._mask[t0:]
+            self._roles.extend(["scaffold"] * (n - t0))
+            self._mask.extend([0] * (n - t0))
+        todo = self._regions[first:upto] + ([self._final] if self._final is not None else [])
         for r in self._regions[:first]:
             if r.tokens is None:  # pragma: no cover - every kept region was labelled before
                 todo.insert(0, r)

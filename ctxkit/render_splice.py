@@ -23,7 +23,10 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
+
+from ctxkit.errors import ConfigError
+from ctxkit.render_segments import made_calls
 
 Render = Callable[[list, bool], str]
 _MAX_BACK = 64  # messages a window start may move back over (a run of tool results)
@@ -41,6 +44,10 @@ class SpliceHint:
     """Whether `text` was rendered with the generation prompt."""
     openers: dict
     """Message index -> char of its turn opener in `text` (only messages that open a turn of their own)."""
+
+
+def _region_index(r: Any) -> int:
+    return r.index
 
 
 def opener_positions(text: str, opener: str, regions: Any, wanted: Callable[[int], bool] = lambda i: True
@@ -142,8 +149,13 @@ class SuffixSplice:
     _splice: tuple[SpliceHint, int, int] | None = None
     _last_agp: bool | None = None
     _kept_tail: tuple[int, int] | None = None  # (char in the old text, char in the new) of a kept tail
+    _tail_regions: tuple | None = None  # (old index of the first kept message, its regions on, index shift)
+    _tail_map: tuple[int, int, int] | None = None  # (old token, new token, char shift) of a kept tail's ids
+    _tail_labels: tuple[int, int, int] | None = None  # (old token, new token, regions) of a tail kept labelled
     splice_renders = 0
     """Renders whose text was spliced from the previous text and windows around a changed block."""
+    tail_reuses = 0
+    """Spliced renders that kept the tail's located regions and labels, shifted (`attach_tail`)."""
 
     def splice_hint(self, a: int, s: int) -> SpliceHint | None:
         """What the next render needs to splice its text, taken before `cut`, for a view sharing the first `a`
@@ -159,6 +171,72 @@ class SuffixSplice:
             return a - back <= i <= a or b <= i <= b + self._reach + 8
         return SpliceHint(self._text, tuple(self._chat), self._last_agp,
                           opener_positions(self._text, opener, self._regions, wanted))
+
+    def splice(self, a: int, s: int, block: Sequence[tuple[Any, Any]],
+               tail: Callable[[], Sequence[tuple[Any, Any]]]) -> None:
+        """Make the messages held `self.messages[:a] + block + self.messages[len(self) - s:]` (`block`: pairs
+        `(message, message_key or None)`; `tail()`: the same pairs for the last `s` messages, asked for only
+        when they must be appended again). The next render tries `splice_text` first (`expect_splice`).
+
+        The kept tail's prepared messages are reused with their indexes shifted, not appended again, when
+        every check `append` makes of them has the outcome it had (`_attach_tail`); else they are appended.
+        Its located regions and labels are kept aside for the next render (`_tail_regions`), which shifts
+        them instead of locating and labelling the tail again when its text and ids were kept."""
+        n = len(self._chat)
+        if not 0 <= a <= n - s or s <= 0:
+            raise ConfigError(f"IncrementalRenderer.splice: parameters a={a}, s={s} do not fit {n} messages")
+        hint = self.splice_hint(a, s)
+        b = n - s
+        kept, self._tail_regions = None, None
+        if hint is not None and (self._marked_at is None or self._marked_at < a) and not (
+                self._unresolved and self._unresolved[-1] >= b):
+            kept = (self._messages[b:], self._chat[b:], self._sampled[b:],
+                    {i - b: f for i, f in self._specials.items() if i >= b})
+            regions = self._regions
+            if self._mode == "structural" and self._located == n:
+                at = bisect.bisect_left(regions, b, key=_region_index)
+                self._tail_regions = (b, regions[at:])
+        self.cut(a)
+        for m, key in block:
+            self.append(m, key)
+        if kept is None or not self._attach_tail(*kept):
+            self._tail_regions = None
+            for m, key in tail():
+                self.append(m, key)
+        elif self._tail_regions is not None:
+            self._tail_regions = (self._tail_regions[0], self._tail_regions[1], len(self._chat) - n)
+        self.expect_splice(hint, a, s)
+
+    def _attach_tail(self, messages: list, chat: list, sampled: list, specials: dict) -> bool:
+        """Append the prepared kept tail (its messages, chat dicts, sampled ids and special-token finds by
+        tail position) after the messages held, when `append` would accept each message as it did before:
+        the tool-call pairing (`SegmentCache.prepared`'s check) holds with the calls made before it here
+        and no message makes a call without an id (whose stand-in id names its index). The special-token
+        policy (`error`) and the marker check gave the same outcome when they were appended (same role, same
+        content, same policy); a marked message in the tail was excluded by the caller. False: nothing done."""
+        avail = set(self._call_ids)
+        for c in chat:
+            role = c.get("role")
+            if role == "tool":
+                call_id = c.get("tool_call_id")
+                if not (str(call_id) in avail if call_id is not None else avail):
+                    return False
+            elif role == "assistant" and c.get("tool_calls"):
+                made = made_calls(c)
+                if made is None:
+                    return False
+                avail |= made
+        base = len(self._chat)
+        self._call_ids = avail
+        for i, found in specials.items():
+            self._specials[base + i] = found
+            self._escape = self._escape or self._policy[chat[i]["role"]] == "escape"
+        self._messages += messages
+        self._chat += chat
+        self._sampled += sampled
+        self._n_assistant += [c.get("role") for c in chat].count("assistant")
+        self._any_sampled = self._any_sampled or sampled.count(None) < len(sampled)
+        return True
 
     def expect_splice(self, hint: SpliceHint | None, a: int, s: int) -> None:
         """The messages now held are `hint`'s first `a` messages, a changed block, and its last `s` messages:
@@ -212,10 +290,57 @@ class SuffixSplice:
         tokenizer is segmentable and the tail begins at a safe turn opener (`render_segments.safe_opener`),
         so its ids are those of its own encoding, which the old text held from its token `t` on."""
         k = len(self._ids) - t
+        self._tail_map = (t, len(self._ids), shift)
         self._ids += ids
         self._starts += [s + shift for s in starts]
         self._sp_ends += [s + shift for s in sp_ends]
         self._sp_tok += [c + k for c in sp_tok]
+
+    def shifted_tail(self) -> tuple[int, list, tuple[int, int, int]] | None:
+        """For `_locate`, after a render that kept the old text's tail and its ids (`_tail_map`): `(anchor,
+        regions, tail map)`: the new index of the first kept message whose regions all lie in the kept text,
+        and the old regions from it on (old positions); None when there is none. Used up either way."""
+        got, mapped, self._tail_regions, self._tail_map = self._tail_regions, self._tail_map, None, None
+        if got is None or mapped is None or len(got) < 3 or not got[1]:
+            return None
+        _b, regions, mshift = got
+        old_at = self._starts[mapped[1]] - mapped[2]
+        at = next((k for k, r in enumerate(regions)
+                   if r.start >= old_at and (k == 0 or regions[k - 1].index != r.index)), None)
+        if at is None:
+            return None
+        return regions[at].index + mshift, regions[at:], mapped
+
+    def attach_tail(self, located: list, tail: tuple, cursor: int) -> bool:
+        """Shift the old regions of `tail` (from `shifted_tail`) into place after `located` (the regions found
+        for the messages up to and including its anchor, `cursor` after them), when the anchor's regions were
+        found where its old ones lie, shifted: every later message is then found at its old place shifted,
+        since the text searched from the cursor on is the old text's, shifted. Sets `_tail_labels` for
+        `_relabel` (the kept tokens keep their labels). False: nothing done."""
+        anchor, regions, (t_old, t_new, d) = tail
+        first = regions[0].index
+        n = 0
+        while n < len(regions) and regions[n].index == first:
+            n += 1
+        if len(located) < n:
+            return False
+        mine = located[len(located) - n:]
+        if cursor != mine[-1].end or any((x.start, x.end, x.role, x.kind, x.index) != (r.start + d, r.end + d, r.role,
+                                                                                      r.kind, anchor)
+                                         for x, r in zip(mine, regions)):
+            return False
+        ts, mshift = t_new - t_old, anchor - first
+        for r in regions[n:]:
+            r.start += d
+            r.end += d
+            r.index += mshift
+            a, z = r.tokens
+            r.tokens = (a + ts, z + ts)
+            r.span = None
+        located += regions[n:]
+        self._tail_labels = (t_old, t_new, len(regions) - n)
+        self.tail_reuses += 1
+        return True
 
     def _encode_from(self, text: str, b: int, j: int, k: int) -> None:
         """`_retokenize` with a turn-opener cut (`render_segments.encode_segments`): drop the tokens from token

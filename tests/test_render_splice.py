@@ -96,3 +96,106 @@ def test_a_front_drop_is_spliced_on_a_local_template(name):
     r = spliced(name, chat, new, 2, len(new) - 2)
     same(r.render(add_generation_prompt=True), render(new, t, None, TOOLS, add_generation_prompt=True))
     assert (r.splice_renders, r.full_renders) == (1, 1)
+
+
+def sampled_variants(rng: random.Random, t, chat: list[dict]) -> list[dict]:
+    """`chat` with some sampled turns cut by length (no end-of-turn id) or drifting by a token more or less."""
+    from ctxkit.template_profile import template_profile
+    from ctxkit.templates import load_template
+
+    eot = template_profile(t, load_template(None, t)).end_of_turn_id
+    out = []
+    for m in chat:
+        ids = m.get("token_ids")
+        if ids is not None and len(ids) > 4:
+            x = rng.random()
+            if x < 0.2 and ids[-1] == eot:
+                m = {**m, "token_ids": ids[:-1]}  # finished by length: the end-of-turn stays as scaffold
+            elif x < 0.3:
+                m = {**m, "token_ids": ids[:2] + ids[1:]}  # one token more: a drift that shifts what follows
+            elif x < 0.4:
+                m = {**m, "token_ids": ids[:1] + ids[2:]}  # one token less
+        out.append(m)
+    return out
+
+
+def message_spliced(name: str, chat: list[dict], new: list[dict], a: int, s: int) -> IncrementalRenderer:
+    """A renderer that rendered `chat`, then was given `new` by `splice` (the kept tail not appended again)."""
+    r = IncrementalRenderer(tok(name), None, TOOLS, segments=SegmentCache())
+    r.extend(chat)
+    r.render(add_generation_prompt=True)
+    r.splice(a, s, [(m, None) for m in new[a:len(new) - s]], lambda: [(m, None) for m in new[len(new) - s:]])
+    return r
+
+
+@pytest.mark.parametrize("name", TOKENIZERS)
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 10**6), kind=st.sampled_from(["drop-front", "mask", "truncate", "summary", "insert"]),
+       agp=st.booleans())
+def test_a_message_level_splice_renders_what_a_fresh_renderer_renders(name, seed, kind, agp):
+    """`splice` reuses the kept tail's prepared messages, regions and labels (shifted); with drifting and
+    length-cut sampled turns, special-token text in tool output (escaped) and every edit kind, each render and
+    the next one after a turn is appended equal fresh renders; Qwen3 is never spliced."""
+    rng = random.Random(seed)
+    t = tok(name)
+    chat = sampled_variants(rng, t, conversation(rng, t, rng.randint(4, 10), "s"))
+    new, a, s = edit(rng, chat, kind)
+    r = IncrementalRenderer(tok(name), None, TOOLS, segments=SegmentCache())
+    r.extend(chat)
+    r.render(add_generation_prompt=agp)
+    r.splice(a, s, [(m, None) for m in new[a:len(new) - s]], lambda: [(m, None) for m in new[len(new) - s:]])
+    assert r.messages == tuple(new)
+    same(r.render(add_generation_prompt=agp), render(new, t, None, TOOLS, add_generation_prompt=agp))
+    more = conversation(rng, t, 1, "more")[2:]
+    r.extend(more)
+    same(r.render(add_generation_prompt=True), render(new + more, t, None, TOOLS, add_generation_prompt=True))
+    if name == "qwen3":
+        assert r.splice_renders == r.tail_reuses == 0
+
+
+@pytest.mark.parametrize("name", ["qwen2.5-instruct", "smollm2-135m-instruct"])
+def test_a_spliced_front_drop_keeps_the_tail_labelled(name):
+    rng = random.Random(11)
+    t = tok(name)
+    chat = [m for m in sampled_variants(rng, t, conversation(rng, t, 14, "f")) if "forged" not in str(m.get("content"))]
+    starts = turn_starts(chat)
+    new = chat[:2] + chat[starts[5]:]
+    r = message_spliced(name, chat, new, 2, len(new) - 2)
+    same(r.render(add_generation_prompt=True), render(new, t, None, TOOLS, add_generation_prompt=True))
+    assert (r.splice_renders, r.tail_reuses, r.full_renders) == (1, 1, 1)
+    masked = new[:2] + [dict(m, content="[masked]") if m["role"] == "tool" else m for m in new[2:9]] + new[9:]
+    a = next(i for i in range(len(new)) if new[i] != masked[i])
+    s = next(k for k in range(len(new)) if new[-1 - k] != masked[-1 - k])
+    r.splice(a, s, [(m, None) for m in masked[a:len(masked) - s]], lambda: [])
+    same(r.render(add_generation_prompt=True), render(masked, t, None, TOOLS, add_generation_prompt=True))
+    assert (r.splice_renders, r.tail_reuses) == (2, 2)
+
+
+@pytest.mark.parametrize("name", TOKENIZERS)
+def test_a_splice_that_orphans_a_kept_tool_result_fails_as_a_fresh_render(name):
+    """A block dropped with the call a kept tool result answers: the tail is appended again and the pairing
+    check raises what a fresh render raises (and the renderer stays usable)."""
+    from ctxkit.errors import ToolPairingError
+
+    rng = random.Random(5)
+    t = tok(name)
+    chat = conversation(rng, t, 6, "o")
+    starts = turn_starts(chat)
+    new = chat[:2] + chat[starts[3] + 1:]  # the call of turn 3 dropped, its result kept
+    with pytest.raises(ToolPairingError) as fresh:
+        render(new, t, None, TOOLS)
+    r = IncrementalRenderer(t, None, TOOLS, segments=SegmentCache())
+    r.extend(chat)
+    r.render(add_generation_prompt=True)
+    with pytest.raises(ToolPairingError) as got:
+        r.splice(2, len(new) - 2, [], lambda: [(m, None) for m in new[2:]])
+    assert str(got.value) == str(fresh.value)
+
+
+def test_splice_rejects_a_block_that_does_not_fit():
+    from ctxkit.errors import ConfigError
+
+    r = IncrementalRenderer(tok("qwen2.5-instruct"), None, TOOLS)
+    r.extend([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yes"}])
+    with pytest.raises(ConfigError, match="splice"):
+        r.splice(2, 1, [], lambda: [])
