@@ -131,6 +131,12 @@ class Tokenizer:
     def __repr__(self) -> str:
         return f"Tokenizer({self.id!r}, kind={self.kind!r})"
 
+    def clear_caches(self) -> None:
+        """Forget every cached count and piece encoding (benchmarks start each pass cold with it)."""
+        self._count_cache = _LRU(65536)
+        self._recent_counts = {}
+        self._piece_cache = _LRU(65536)
+
     @property
     def hf(self) -> Any:
         """The `transformers` tokenizer (None for tiktoken), loaded on first use: `transformers` is imported

@@ -186,3 +186,23 @@ def test_bench_build_bad_options_are_one_line_errors(argv, message, qwen, capsys
     assert main([*argv, "--tokenizer", qwen]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_cold_start_empties_every_cache_of_episode_content(qwen):
+    """A timed pass must tokenize all of its own text: after `cold_start` no count, piece or pin detection
+    from an earlier pass is left (the repeats of `bench build` used to re-use them)."""
+    from ctxkit.benchmarks.workload import cold_start
+    from ctxkit.events import Message
+    from ctxkit.pins import detect_constraints
+    from ctxkit.tokenizers import load_tokenizer
+    from ctxkit import pins
+
+    tok = load_tokenizer(qwen)
+    text = "Do not modify the original file. " * 3
+    tok.count(text)
+    tok.encode_with_offsets("<|im_start|>user\n" + text)
+    detect_constraints([Message(role="user", content=text, id="m1")])
+    assert len(tok._count_cache) and len(tok._piece_cache) and len(tok._recent_counts) and len(pins._FOUND)
+    cold_start(tok)
+    assert (len(tok._count_cache), len(tok._piece_cache), len(tok._recent_counts), len(pins._FOUND)) == (0, 0, 0, 0)
+    assert tok.count(text) == len(tok.encode(text))  # and the caches fill again as before

@@ -96,7 +96,7 @@ def _require_hf(tok) -> None:
 
 def run_workload(tok, tpl, wl, *, repeats: int = 3, progress=None) -> RenderBenchResult:
     """Run the three arms over one workload (see the module docstring)."""
-    from ctxkit.benchmarks.workload import encode_only_times, new_text_deltas, summarize_times
+    from ctxkit.benchmarks.workload import cold_start, encode_only_times, new_text_deltas, summarize_times
     from ctxkit.rendering import IncrementalRenderer
 
     _require_hf(tok)
@@ -108,6 +108,7 @@ def run_workload(tok, tpl, wl, *, repeats: int = 3, progress=None) -> RenderBenc
     say = progress or (lambda msg: None)
 
     def ctxkit_pass(record: list | None) -> list[float]:
+        cold_start(tok)  # each pass tokenizes all of its text: no counts or pieces kept from the last one
         r = IncrementalRenderer(tok, tpl, tools, special_tokens="allow")
         r.extend(head)
         times = []
