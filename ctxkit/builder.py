@@ -37,6 +37,13 @@ from ctxkit.view import Provenance, View, ViewMessage, ViewState, apply_edits, b
 
 BUILDER_VERSION = "ctxkit-builder-v1"
 
+RENDERS_KEPT = 3
+"""Rendered contexts a builder keeps by view hash: a build measures its view (or a compressor's candidates)
+and renders the chosen one again, so a few suffice (the same renders as with 8 on every arm of the
+synthetic episode and ../shared/trajectories). Each kept render holds per-token tuples that every young
+garbage collection walks until it is dropped: fewer kept, less collector time (window 16k: 29 -> 13 ms of
+gen-0 collections over 200 builds)."""
+
 
 @dataclass(frozen=True)
 class BuiltContext:
@@ -123,7 +130,7 @@ class ContextBuilder:
         self.pin_rules = resolve_pin_rules(detect_pins)
         self.detect_pins = self.pin_rules is not None
         self.special_tokens = resolve_special_tokens(special_tokens, "ContextBuilder: special_tokens")
-        self._renderer = RenderCache(self.tokenizer, self.template, special_tokens=self.special_tokens)
+        self._renderer = RenderCache(self.tokenizer, self.template, size=RENDERS_KEPT, special_tokens=self.special_tokens)
         self._state: ViewState | None = None
         self._fed_ids: list[str] = []
         self._scanned = 0
