@@ -37,9 +37,7 @@ not recorded, so it always reflects the pins active at that point.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
-from functools import cached_property
-from typing import Any, Iterable, Literal, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import orjson
 
@@ -52,7 +50,6 @@ from ctxkit.events import (
     Message,
     Pin,
     Step,
-    ToolCall,
     ToolResult,
     Unpin,
     content_text,
@@ -60,88 +57,15 @@ from ctxkit.events import (
 from ctxkit.pairing import PairingProblem, PairingScan, pairing_problems
 from ctxkit.pairing import find_orphans as find_orphans  # their home is ctxkit.pairing; kept importable from here
 from ctxkit.pairing import pending_calls as pending_calls
+from ctxkit.view_types import HOWS as HOWS  # their home is ctxkit.view_types; kept importable from here
+from ctxkit.view_types import PINNED_HEADER as PINNED_HEADER
+from ctxkit.view_types import How as How
+from ctxkit.view_types import Provenance, View, ViewMessage, pinned_block, tools_digest
+from ctxkit.view_types import pinned_block_text as pinned_block_text
+from ctxkit.view_types import view_hash as view_hash
 
-How = Literal["verbatim", "masked", "truncated", "summary", "retrieved", "pinned"]
-HOWS: tuple[str, ...] = ("verbatim", "masked", "truncated", "summary", "retrieved", "pinned")
 EDIT_OPS: tuple[str, ...] = tuple(EDIT_KINDS)
 """The edit kinds a `Compaction` may carry (`ctxkit.edits.EDIT_KINDS`)."""
-
-PINNED_HEADER = "Pinned constraints:"
-"""First line of the derived pinned block."""
-
-
-@dataclass(frozen=True)
-class Provenance:
-    """Where a view message comes from."""
-
-    how: How
-    """`verbatim`, `masked`, `truncated`, `summary`, `retrieved` or `pinned`."""
-    event_ids: tuple[str, ...]
-    """The events the message stands for (one for verbatim/masked/truncated; every covered one otherwise)."""
-
-
-@dataclass(frozen=True)
-class ViewMessage:
-    """One message of a view, with its provenance."""
-
-    role: str
-    """`system`, `user`, `assistant` or `tool`."""
-    content: str
-    """Text content."""
-    tool_calls: tuple[ToolCall, ...] = ()
-    """Tool calls of an assistant message."""
-    tool_call_id: str | None = None
-    """For a tool message: the call it answers."""
-    name: str | None = None
-    """Author or tool name."""
-    reasoning_content: str | None = None
-    """Assistant reasoning text."""
-    token_ids: tuple[int, ...] | None = None
-    """Sampled ids of a verbatim `Step` (rendered token-in-token-out); None otherwise."""
-    provenance: Provenance = Provenance("verbatim", ())
-    """Which events the message stands for, and how."""
-
-    def to_chat(self) -> dict[str, Any]:
-        """The OpenAI/HF chat dict; carries `"token_ids"` for a sampled assistant turn kept verbatim."""
-        out: dict[str, Any] = {"role": self.role, "content": self.content}
-        if self.tool_calls:
-            out["tool_calls"] = [tc.to_openai() for tc in self.tool_calls]
-        if self.tool_call_id is not None:
-            out["tool_call_id"] = self.tool_call_id
-        if self.name is not None:
-            out["name"] = self.name
-        if self.reasoning_content is not None:
-            out["reasoning_content"] = self.reasoning_content
-        if self.token_ids is not None:
-            out["token_ids"] = list(self.token_ids)
-        return out
-
-    @cached_property
-    def digest(self) -> bytes:
-        """sha256 of the canonical JSON (sorted keys) of `to_chat()` plus the provenance (computed once)."""
-        d = self.to_chat()
-        d["provenance"] = [self.provenance.how, list(self.provenance.event_ids)]
-        return hashlib.sha256(orjson.dumps(d, option=orjson.OPT_SORT_KEYS, default=_jsonable)).digest()
-
-
-@dataclass(frozen=True)
-class View:
-    """What the policy sees at one decision point."""
-
-    messages: tuple[ViewMessage, ...]
-    """Messages in order, pinned block included."""
-    tools: tuple[Mapping[str, Any], ...]
-    """Tool schemas from `EpisodeStart`."""
-    active_pins: tuple[Pin, ...]
-    """The `Pin` events active at this point, in the order they were recorded."""
-    upto_seq: int | None
-    """Seq of the last event included (None for an empty log)."""
-    hash: str
-    """sha256 over a canonical JSON of the messages (with provenance), tools and active pin ids."""
-
-    def chat(self) -> list[dict[str, Any]]:
-        """The messages as OpenAI/HF chat dicts (what the renderer takes)."""
-        return [m.to_chat() for m in self.messages]
 
 
 # ---------------------------------------------------------------------------------------------- build
@@ -196,7 +120,6 @@ class ViewState:
         # Kept across views so a view that only appends messages costs what the new messages cost; all reset
         # when a compaction rewrites `messages` (see `_rewritten`).
         self._pin_scan: dict[str, list] = {}  # pin id -> [text, first message index holding it or None, scanned up to]
-        self._block: tuple[tuple, ViewMessage] | None = None  # (missing pins' (id, text), the pinned block)
         self._hashed: tuple[ViewMessage | None, int, int, Any] | None = None  # (block, at, messages hashed, sha256)
         self._pairing: PairingScan | None = None
 
@@ -292,14 +215,7 @@ class ViewState:
                 entry[2] = n
             if entry[1] is None:
                 missing.append(p)
-        if not missing:
-            return None
-        key = tuple((p.id or p.pin_id, p.text) for p in missing)
-        if self._block is None or self._block[0] != key:
-            self._block = (key, ViewMessage(
-                role="system", content=pinned_block_text([p.text for p in missing]),
-                provenance=Provenance("pinned", tuple(p.id or p.pin_id for p in missing))))
-        return self._block[1]
+        return pinned_block(missing) if missing else None
 
     def _view_hash(self, msgs: tuple[ViewMessage, ...], block: ViewMessage | None, at: int,
                    pin_ids: Sequence[str]) -> str:
@@ -314,7 +230,7 @@ class ViewState:
             h.update(b"".join([m.digest for m in msgs[done:]]))
         self._hashed = (block, at, len(msgs), h)
         h = h.copy()
-        h.update(_tools_digest(tuple(self.tools)))
+        h.update(tools_digest(tuple(self.tools)))
         h.update(orjson.dumps(list(pin_ids)))
         return h.hexdigest()
 
@@ -341,54 +257,19 @@ def make_view(
     upto_seq: int | None,
 ) -> View:
     """A `View` from messages without a pinned block: derives the pinned block and the hash."""
-    base = [m for m in messages if m.provenance.how != "pinned"]
+    return _view_of([m for m in messages if m.provenance.how != "pinned"], tools, pins, upto_seq)
+
+
+def _view_of(base: list[ViewMessage], tools: Sequence[Mapping[str, Any]], pins: Sequence[Pin],
+             upto_seq: int | None) -> View:
+    """`make_view` of messages holding no pinned block (`base` is changed)."""
     missing = [p for p in pins if not any(p.text in m.content for m in base)]
     if missing:
-        block = ViewMessage(
-            role="system",
-            content=pinned_block_text([p.text for p in missing]),
-            provenance=Provenance("pinned", tuple(p.id or p.pin_id for p in missing)),
-        )
         at = 1 if base and base[0].role == "system" else 0
-        base.insert(at, block)
+        base.insert(at, pinned_block(missing))
     msgs = tuple(base)
     return View(messages=msgs, tools=tuple(tools), active_pins=tuple(pins), upto_seq=upto_seq,
                 hash=view_hash(msgs, tools, [p.pin_id for p in pins]))
-
-
-def pinned_block_text(texts: Sequence[str]) -> str:
-    """The text of the pinned block listing `texts`."""
-    return PINNED_HEADER + "".join(f"\n- {t}" for t in texts)
-
-
-def view_hash(messages: Sequence[ViewMessage], tools: Sequence[Mapping[str, Any]], pin_ids: Sequence[str]) -> str:
-    """sha256 hex over each message's `digest` (canonical JSON with provenance), the tools' canonical JSON
-    and the active pin ids."""
-    h = hashlib.sha256(b"ctxkit-view-v1")
-    h.update(b"".join(m.digest for m in messages))
-    h.update(_tools_digest(tuple(tools)))
-    h.update(orjson.dumps(list(pin_ids)))
-    return h.hexdigest()
-
-
-_TOOLS_DIGESTS: dict[int, tuple[Any, bytes]] = {}
-
-
-def _tools_digest(tools: tuple[Mapping[str, Any], ...]) -> bytes:
-    hit = _TOOLS_DIGESTS.get(id(tools))
-    if hit is not None and hit[0] is tools:
-        return hit[1]
-    digest = hashlib.sha256(orjson.dumps([dict(t) for t in tools], option=orjson.OPT_SORT_KEYS, default=_jsonable)).digest()
-    if len(_TOOLS_DIGESTS) > 64:
-        _TOOLS_DIGESTS.clear()
-    _TOOLS_DIGESTS[id(tools)] = (tools, digest)
-    return digest
-
-
-def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, Mapping):
-        return dict(obj)
-    raise TypeError(f"not JSON-able: {type(obj).__name__}")
 
 
 def _where(event: Event) -> str:
@@ -407,8 +288,7 @@ def apply_edits(view: View, edits: Sequence[Edit], *, where: str = "edits") -> V
     if hit is None or hit[0] is not view.messages:  # a compressor tries several candidates on one view
         base = tuple(m for m in view.messages if m.provenance.how != "pinned")
         hit = _BASE[0] = (view.messages, base, {})
-    out = _apply_edits(hit[1], edits, where, hit[2])
-    return make_view(out, view.tools, view.active_pins, view.upto_seq)
+    return _view_of(_apply_edits(hit[1], edits, where, hit[2]), view.tools, view.active_pins, view.upto_seq)
 
 
 _BASE: list[Any] = [None]  # (messages of the last view edited, the same without the pinned block, its _single_index or {})
@@ -451,13 +331,13 @@ def _apply_edits(messages: Sequence[ViewMessage], edits: Sequence[Edit], where: 
         index, moved = None, True  # drop, summary and retrieved change positions
         if isinstance(edit, DropEdit):
             ids = set(edit.event_ids)
-            kept = [m for m in msgs if not ids.intersection(m.provenance.event_ids)]
+            kept = [m for m in msgs if ids.isdisjoint(m.provenance.event_ids)]
             if len(kept) == len(msgs):
                 raise LogFormatError(f"{here}: none of the event ids {sorted(ids)} is in the view")
             msgs = kept
         elif isinstance(edit, SummaryEdit):
             ids = set(edit.event_ids)
-            positions = [j for j, m in enumerate(msgs) if ids.intersection(m.provenance.event_ids)]
+            positions = [j for j, m in enumerate(msgs) if not ids.isdisjoint(m.provenance.event_ids)]
             if not positions:
                 raise LogFormatError(f"{here}: none of the event ids {sorted(ids)} is in the view")
             summary = ViewMessage(role=edit.role or "user", content=edit.text,
