@@ -2,10 +2,15 @@
 
 `RenderCache` is the builder's renderer (`ctxkit.builder.ContextBuilder.measure` and its final render).
 A view that extends a recently rendered one is rendered by that view's `IncrementalRenderer` (only the
-new text is tokenized); a view that shares a prefix of messages with one (a compaction that masks or
-truncates from some message on) cuts that renderer back to the shared prefix first
-(`IncrementalRenderer.cut`, `ctxkit.render_cut`), so only the changed tail goes through the template and
-the tokenizer; any other view gets a fresh renderer sharing the `ctxkit.render_segments.SegmentCache`.
+new text is tokenized). A view that differs from one in a single block of messages (a compaction: old
+turns dropped after the leading messages, a run of tool outputs masked or truncated, a block replaced or
+inserted) and shares its last messages is spliced into that renderer (`IncrementalRenderer.splice`,
+`ctxkit.render_splice`): only the block's messages are prepared, the kept tail's messages, ids, regions
+and labels are shifted, and its text comes from the old text and two window renders around the block, so
+the work is that of the block, not of the kept tail; whatever the checks cannot confirm falls back to a
+cut (`IncrementalRenderer.cut`, `ctxkit.render_cut`) and re-rendering from the first changed message.
+A view that only shares a prefix is cut back to it; any other view gets a fresh renderer sharing the
+`ctxkit.render_segments.SegmentCache`.
 """
 
 from __future__ import annotations

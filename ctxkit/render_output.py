@@ -97,8 +97,14 @@ class Sub:
     drift: Drift | None
 
 
+def _index(region) -> int:
+    return region.index
+
+
 class OutputAssembly:
     """Mixin of `IncrementalRenderer`: `_output` and `_hash` (uses the renderer's state)."""
+
+    _sub_cols: tuple[list, list, list, list]  # see `_output`
 
     def _output(self, changed: int) -> RenderedContext:
         """Assemble the context; `changed` is the first rendered token that may differ from last time.
@@ -108,14 +114,26 @@ class OutputAssembly:
         is copied up to the end of the last substitution that changes it (`_out_at`), never past it."""
         ids, mask, roles = self._ids, self._mask, self._roles
         eot_id = self._profile.end_of_turn_id
-        subs = self._subs
-        produced = ([r for r in self._regions if r.kind == "produced" and self._sampled[r.index] is not None]
-                    if self._any_sampled else [])
-        k = 0
-        while (k < len(subs) and k < len(produced) and subs[k].index == produced[k].index
-               and (subs[k].a, subs[k].z) == produced[k].tokens and subs[k].z <= changed):
-            k += 1
-        del subs[k:]
+        subs, regions = self._subs, self._regions
+        # per substitution, kept in step with `subs`: its rendered end, the cumulative shift after it, its
+        # message; and the positions in `subs` of those with a drift (`cut` and `_reset` only shorten `subs`)
+        sub_ends, sub_shift, sub_index, drift_at = self._sub_cols
+        if len(sub_ends) > len(subs):
+            del sub_ends[len(subs):], sub_shift[len(subs):], sub_index[len(subs):]
+            del drift_at[bisect.bisect_left(drift_at, len(subs)):]
+        # Reused: the substitutions wholly before `changed` of the regions unchanged since the last output
+        # (`_span_dirty`: same regions, same token ranges, so the same produced regions before them).
+        m = min(self._span_dirty, len(regions))
+        k = min(bisect.bisect_right(sub_ends, changed),
+                bisect.bisect_left(sub_index, regions[m].index) if m < len(regions) else len(subs))
+        if self._any_sampled:
+            pos = bisect.bisect_right(regions, sub_index[k - 1], key=_index) if k else 0
+            sampled_of = self._sampled
+            produced = [r for r in regions[pos:] if r.kind == "produced" and sampled_of[r.index] is not None]
+        else:
+            produced = []
+        del subs[k:], sub_ends[k:], sub_shift[k:], sub_index[k:]
+        del drift_at[bisect.bisect_left(drift_at, k):]
         cut, shift = (subs[-1].z, subs[-1].shift) if subs else (0, 0)
         reused_to = cut
         o_ids, o_mask, o_roles = self._out  # the output of rendered tokens [0, out_at), out_at a sub's end
@@ -123,14 +141,17 @@ class OutputAssembly:
         if out_at > cut:
             del o_ids[cut + shift :], o_mask[cut + shift :], o_roles[cut + shift :]
             out_at = cut
-        for r in produced[k:]:
+        for r in produced:
             sampled = self._sampled[r.index]
             a, z = r.tokens
             rendered = ids[a:z]
             n = z - a
+            sub_ends.append(z)
+            sub_index.append(r.index)
             if (len(sampled) == n and rendered == list(sampled) and mask[a:z].count(1) == n
                     and roles[a:z].count("assistant") == n):  # an identity: its output is the render itself
                 subs.append(Sub(r.index, a, z, a + shift, z + shift, shift, None))
+                sub_shift.append(shift)
                 cut = z
                 continue
             out_ids, out_mask, out_roles = list(sampled), [1] * len(sampled), ["assistant"] * len(sampled)
@@ -151,6 +172,7 @@ class OutputAssembly:
                 while q < limit - p and sampled[-1 - q] == compare[-1 - q]:
                     q += 1
                 drift = Drift(r.index, pos0 + p, tuple(sampled[p : len(sampled) - q]), tuple(compare[p : len(compare) - q]))
+                drift_at.append(len(subs))
             o_ids += ids[out_at:a]
             o_ids += out_ids
             o_mask += mask[out_at:a]
@@ -159,12 +181,10 @@ class OutputAssembly:
             o_roles += out_roles
             shift += len(out_ids) - (z - a)
             subs.append(Sub(r.index, a, z, pos0, pos0 + len(sampled), shift, drift))
+            sub_shift.append(shift)
             cut = out_at = z
         self._out_at = out_at
-        drifts = [sub.drift for sub in subs if sub.drift is not None]
-        # per substitution: the rendered token index where it ends, the cumulative shift after it
-        sub_ends, sub_shift = [sub.z for sub in subs], [sub.shift for sub in subs]
-        span_pos = {sub.index: (sub.start, sub.end) for sub in subs}
+        drifts = [subs[j].drift for j in drift_at]
         if not out_at:  # every substitution (if any) is an identity
             token_ids, loss_mask, token_roles = tuple(ids), tuple(mask), tuple(roles)
         else:
@@ -187,9 +207,9 @@ class OutputAssembly:
         del spans[at[p] :], at[p + 1 :]
         for r in regions[p:]:
             if r.kind != "header":
-                if r.index in span_pos:
-                    start, end = span_pos[r.index]
-                    spans.append(MessageSpan(r.index, r.role, start, end))
+                j = bisect.bisect_left(sub_index, r.index) if r.kind == "produced" else len(subs)
+                if j < len(subs) and sub_index[j] == r.index:
+                    spans.append(MessageSpan(r.index, r.role, subs[j].start, subs[j].end))
                 else:
                     a, z = r.tokens
                     d = 0

@@ -6,7 +6,10 @@ view is `old[:a] + block + old[len(old) - s:]`: it shares a prefix of `a` messag
 messages with a view rendered before. For a local template (`ctxkit.template_locality`), the new text is
 the old text up to a turn boundary before the block, the render of a short window around the block, and
 the old text from a turn boundary after it (`splice_text`), so the kept tail never goes through the
-template again. Whatever the checks cannot confirm falls back to the ordinary path.
+template again. `SuffixSplice.splice` also keeps the tail's prepared messages (indexes shifted, the append
+checks redone only where their outcome could differ) and, when the tail's text and ids were kept, its
+located regions and token labels (shifted, `attach_tail`). Whatever the checks cannot confirm falls back to
+the ordinary path.
 
 Exactness argument (the one `template_locality.window_delta` makes, on both sides of the block): a local
 template renders each message as a piece that depends only on the message, its neighbours within `reach`,

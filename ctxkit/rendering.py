@@ -107,6 +107,7 @@ class IncrementalRenderer(TurnLabeller, PrefixCut, SuffixSplice, OutputAssembly)
         self._core_marks: list[tuple[int, int]] = []  # (m, its core's length) of earlier cores (`PrefixCut`)
         self._head: str | None = None  # render of the first `reach` messages (see window_delta)
         self._subs: list[Sub] = []  # sampled-id substitutions of the last output, in order
+        self._sub_cols: tuple[list, list, list, list] = ([], [], [], [])  # kept in step with them (`_output`)
         self._out: tuple[list, list, list] = ([], [], [])  # output ids/mask/roles of rendered tokens [0, _out_at)
         self._out_at = 0  # 0 or the end of the last substitution that is not an identity (`_output`)
         self._span_list: list[MessageSpan] = []  # spans of the last output, in region order

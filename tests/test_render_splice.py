@@ -199,3 +199,33 @@ def test_splice_rejects_a_block_that_does_not_fit():
     r.extend([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yes"}])
     with pytest.raises(ConfigError, match="splice"):
         r.splice(2, 1, [], lambda: [])
+
+
+@pytest.mark.parametrize("name", ["qwen2.5-instruct", "smollm2-135m-instruct"])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 10**6))
+def test_a_renderer_through_appends_cuts_and_splices_stays_exact(name, seed):
+    """Sampled-id substitutions, drifts and spans reused across renders (`OutputAssembly._output` keeps those of
+    regions unchanged since the last output): a random run of appends, cuts and splices of one renderer, with
+    drifting and length-cut sampled turns, renders what a fresh renderer renders at every step."""
+    rng = random.Random(seed)
+    t = tok(name)
+    chat = sampled_variants(rng, t, conversation(rng, t, rng.randint(4, 8), "g"))
+    r = IncrementalRenderer(t, None, TOOLS, segments=SegmentCache())
+    r.extend(chat)
+    for step in range(5):
+        same(r.render(add_generation_prompt=True), render(chat, t, None, TOOLS, add_generation_prompt=True))
+        op = rng.choice(["append", "cut", "splice", "splice"])
+        if op == "append" or len(turn_starts(chat)) < 3:
+            more = sampled_variants(rng, t, conversation(rng, t, 1, f"m{step}"))[2:]
+            r.extend(more)
+            chat = chat + more
+        elif op == "cut":
+            n = rng.choice(turn_starts(chat))
+            r.cut(n)
+            chat = chat[:n]
+        else:
+            new, a, s = edit(rng, chat, rng.choice(["drop-front", "mask", "truncate", "summary", "insert"]))
+            r.splice(a, s, [(m, None) for m in new[a:len(new) - s]], lambda: [(m, None) for m in new[len(new) - s:]])
+            chat = new
+    same(r.render(add_generation_prompt=True), render(chat, t, None, TOOLS, add_generation_prompt=True))
