@@ -366,7 +366,7 @@ def _edited(m: ViewMessage, how: str, text: str, event_id: str) -> ViewMessage:
         return hit[1]
     out = ViewMessage(m.role, text, m.tool_calls, m.tool_call_id, m.name, m.reasoning_content, None,
                       Provenance(how, (event_id,)))
-    if len(_EDITED) >= 8192:
+    if len(_EDITED) >= 2048:  # kept messages hold their text: a few episodes' worth at most
         _EDITED.clear()
     _EDITED[key] = (m, out)  # holds m, so its id is not reused while kept
     return out
