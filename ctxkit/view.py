@@ -390,8 +390,10 @@ def newest_turn_start(messages: Sequence[ViewMessage]) -> int:
 
 def _single_index(msgs: Sequence[ViewMessage]) -> dict[str, int]:
     """Event id -> position, for messages standing for exactly one event (verbatim, masked, truncated)."""
-    out: dict[str, int] = {}
-    for j, m in enumerate(msgs):
-        if len(m.provenance.event_ids) == 1 and m.provenance.how in ("verbatim", "masked", "truncated"):
-            out.setdefault(m.provenance.event_ids[0], j)
-    return out
+    provs = [m.provenance for m in msgs]
+    # written last to first, so the first message of an event id is the one kept
+    return {p.event_ids[0]: j for j, p in zip(range(len(provs) - 1, -1, -1), reversed(provs))
+            if len(p.event_ids) == 1 and p.how in _SINGLE}
+
+
+_SINGLE = frozenset({"verbatim", "masked", "truncated"})

@@ -121,7 +121,7 @@ def view_hash(messages: Sequence[ViewMessage], tools: Sequence[Mapping[str, Any]
     """sha256 hex over each message's `digest` (canonical JSON with provenance), the tools' canonical JSON
     and the active pin ids."""
     h = hashlib.sha256(b"ctxkit-view-v1")
-    h.update(b"".join(m.digest for m in messages))
+    h.update(b"".join([m.digest for m in messages]))
     h.update(tools_digest(tuple(tools)))
     h.update(orjson.dumps(list(pin_ids)))
     return h.hexdigest()

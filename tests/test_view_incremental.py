@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from ctxkit.edits import DropEdit, MaskEdit, SummaryEdit, TruncateEdit
 from ctxkit.errors import LogFormatError
 from ctxkit.events import Compaction, EpisodeStart, Message, Pin, Step, ToolCall, ToolResult, Unpin
-from ctxkit.view import (PairingScan, Provenance, ViewState, apply_edits, apply_edits_to_list, make_view,
+from ctxkit.view import (PairingScan, Provenance, ViewMessage, ViewState, apply_edits, apply_edits_to_list, make_view,
                          pairing_problems)
 
 TOOLS = ({"type": "function", "function": {"name": "read", "parameters": {"type": "object"}}},)
@@ -170,3 +170,15 @@ def test_apply_edits_equals_the_reference_through_repeated_candidates(ops, candi
         got = apply_edits(view, edits)
         assert got == make_view(want, view.tools, view.active_pins, view.upto_seq)
         assert apply_edits_to_list(base, edits, where="test") == want
+
+
+def test_a_mask_edits_the_first_message_of_its_event():
+    """Two messages standing for one event (hand-built view): a mask edits the first, as it always did."""
+    a = ViewMessage(role="user", content="first", provenance=Provenance("verbatim", ("e1",)))
+    b = ViewMessage(role="user", content="second", provenance=Provenance("verbatim", ("e1",)))
+    c = ViewMessage(role="user", content="both", provenance=Provenance("summary", ("e1", "e2")))
+    view = make_view([c, a, b], (), (), None)
+    out = apply_edits(view, [MaskEdit(event_id="e1", text="[masked]")])
+    assert [m.content for m in out.messages] == ["both", "[masked]", "second"]
+    assert [m.content for m in apply_edits_to_list([c, a, b], [TruncateEdit(event_id="e1", text="[t]")], where="t")] == [
+        "both", "[t]", "second"]
