@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from itertools import accumulate
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
@@ -250,39 +251,193 @@ def read_tokenizer_folder(path: str | Path) -> TokenizerFiles | None:
     return TokenizerFiles(path=path, backend=backend, special_tokens_map=named, chat_template=chat_template_of(path, config))
 
 
-def backend_functions(backend: Any, spec: str) -> tuple[
-    dict[str, int], bool, Callable[[str], list[int]], Callable[[str, bool], tuple[list[int], list[int]]],
-    Callable[[Sequence[int], bool], str],
-]:
-    """`(special_tokens, segmentable, encode_full, encode_piece, decode)` of a `tokenizers` backend, with
-    the chat-template conventions: special-token text parsed as special, no BOS/EOS added.
+def byte_level_chars() -> frozenset[str]:
+    """The 256 characters of GPT-2's byte-to-unicode table: a byte-level BPE vocabulary spells every byte
+    as one of them (printable bytes as themselves, the rest shifted to U+0100 and up)."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1), *range(ord("\u00ae"), ord("\u00ff") + 1)]
+    shifted = [b for b in range(256) if b not in keep]
+    return frozenset(chr(b) for b in keep) | frozenset(chr(256 + n) for n in range(len(shifted)))
+
+
+BYTE_LEVEL_CHARS = byte_level_chars()
+"""GPT-2's byte-to-unicode alphabet (256 one-code-point characters)."""
+NOT_ONE_BYTE_PER_CHAR = 1 << 62
+"""The length `TokenLengths` gives an id whose string is not spelled in `BYTE_LEVEL_CHARS` (an added token):
+far above any text's length, so a piece holding it fails the sum check and takes the offsets path."""
+ASCII_PROBES = (
+    "hello world", "  two  spaces ", "\n\n\t tabs\tand\r\nnewlines  \n", "it's we'll they'd I'M", "x=1+2; y = f(a, b)[0]",
+    "def f():\n    return {'a': [1, 2]}\n", "0123456789 12345 3.14159", "~!@#$%^&*()_+`-={}|[]\\:\";'<>?,./",
+    "\x00\x01\x1f\x7f ctrl", "ALLCAPS camelCase snake_case kebab-case", " ", "\n", "a", "   trailing   ",
+    "https://example.com/path?q=1&r=2#frag", "<not special> <x/> [y] {z}", "\r\r\n \n\n\n\n x",
+)
+"""Varied ASCII texts on which `ascii_starts_function`'s running sum must equal the Rust offsets at load."""
+
+
+class TokenLengths(dict):
+    """id -> character length of its vocabulary string, filled on first sight of an id (reading the whole
+    vocabulary up front costs 0.1 s for a 150k vocabulary). An id whose string is not all byte-level
+    characters (an added token) gets `NOT_ONE_BYTE_PER_CHAR`."""
+
+    def __init__(self, backend: Any):
+        super().__init__()
+        self._backend = backend
+        self._added = frozenset(int(i) for i in backend.get_added_tokens_decoder())
+
+    def __missing__(self, token_id: int) -> int:
+        text = None if token_id in self._added else self._backend.id_to_token(token_id)
+        n = len(text) if text and BYTE_LEVEL_CHARS.issuperset(text) else NOT_ONE_BYTE_PER_CHAR
+        self[token_id] = n
+        return n
+
+
+def component_state(component: Any) -> dict | None:
+    """The JSON state of a backend component (normalizer, pre-tokenizer, ...), None when unset."""
+    return None if component is None else json.loads(component.__getstate__())
+
+
+def byte_level_layout(backend: Any) -> bool:
+    """True when `backend` is a GPT-2-style byte-level BPE whose Rust offsets on ASCII text are the token
+    strings' lengths laid end to end: a BPE model without byte fallback or affixes, no normalizer or NFC
+    (the identity on ASCII), a ByteLevel pre-tokenizer without an added prefix space (alone or behind
+    regex splits), a ByteLevel decoder, and no post-processor that trims offsets."""
+    model = backend.model
+    if type(model).__name__ != "BPE" or model.byte_fallback or model.dropout:
+        return False
+    if (model.continuing_subword_prefix or "") or (model.end_of_word_suffix or ""):
+        return False
+    norm = component_state(backend.normalizer)
+    if norm is not None and norm.get("type") != "NFC":
+        return False
+    pre = component_state(backend.pre_tokenizer)
+    steps = (pre.get("pretokenizers") or []) if pre and pre.get("type") == "Sequence" else [pre]
+    if not steps or any(s is None or s.get("type") not in ("Split", "ByteLevel") for s in steps):
+        return False
+    levels = [s for s in steps if s["type"] == "ByteLevel"]
+    if len(levels) != 1 or levels[0].get("add_prefix_space"):
+        return False
+    post = component_state(backend.post_processor)
+    if post is not None and post.get("type") != "TemplateProcessing" and not (
+        post.get("type") == "ByteLevel" and not post.get("trim_offsets")
+    ):
+        return False
+    dec = component_state(backend.decoder)
+    return dec is not None and dec.get("type") == "ByteLevel"
+
+
+def ascii_starts_function(
+    backend: Any, library_offsets: Callable[[str, bool], tuple[list[int], list[int]]],
+    encode_piece_ids: Callable[[str, bool], list[int]],
+) -> Callable[[str, Sequence[int]], list[int] | None] | None:
+    """`starts(piece, ids)` for a byte-level BPE (`byte_level_layout`), None for any other backend.
+
+    On an ASCII piece each token's characters are its bytes, so its length is its vocabulary string's and
+    the starts are the running sum of those lengths; `starts` returns None (take the offsets path) for a
+    non-ASCII piece or when the lengths do not add up to the piece's. Enabled only when, on `ASCII_PROBES`
+    at and behind the start, the ids and starts equal `library_offsets`' (the Rust offsets) exactly."""
+    if not byte_level_layout(backend):
+        return None
+    lengths = TokenLengths(backend)
+    length_of = lengths.__getitem__
+
+    def starts(piece: str, ids: Sequence[int]) -> list[int] | None:
+        if not piece.isascii():
+            return None
+        out = list(accumulate(map(length_of, ids), initial=0))
+        if out.pop() != len(piece):
+            return None
+        return out
+
+    try:
+        for text in ASCII_PROBES:
+            for at_start in (True, False):
+                ids, rust = library_offsets(text, at_start)
+                fast_ids = encode_piece_ids(text, at_start)
+                if list(fast_ids) != list(ids) or starts(text, fast_ids) != list(rust):
+                    return None
+    except TokenizerError:  # a backend that does not parse its special tokens: no continuation anchor
+        return None
+    return starts
+
+
+@dataclass(frozen=True, eq=False)
+class BackendCodec:
+    """How ctxkit encodes with a `tokenizers` backend under the chat-template conventions (special-token
+    text parsed as special, no BOS/EOS added); built by `backend_functions`.
+
+    `encode_full(text)` gives ids; `library_offsets(piece, at_start)` gives `(ids, starts)` of a piece
+    holding no added token, starts from the library's (Rust) offsets: the reference; `encode_piece` the
+    same pair, the starts computed from the ids where `piece_starts` proves them; `encode_piece_ids` the
+    ids alone, no offsets computed; `piece_starts(piece, ids)` the starts from the ids where provably equal
+    to the library's (`ascii_starts_function`), else None; the field is None for a tokenizer where that is
+    never proven."""
+
+    special: dict[str, int]
+    segmentable: bool
+    encode_full: Callable[[str], list[int]]
+    library_offsets: Callable[[str, bool], tuple[list[int], list[int]]]
+    encode_piece: Callable[[str, bool], tuple[list[int], list[int]]]
+    encode_piece_ids: Callable[[str, bool], list[int]]
+    piece_starts: Callable[[str, Sequence[int]], list[int] | None] | None
+    decode: Callable[[Sequence[int], bool], str]
+
+
+def backend_functions(backend: Any, spec: str) -> BackendCodec:
+    """The `BackendCodec` of a `tokenizers` backend.
 
     `segmentable` is True when no added token has lstrip/rstrip/single_word/normalized set (cutting text
     at added tokens is then exact); `encode_piece(piece, at_start)` encodes a piece behind a special
     token as a continuation when `at_start` is False (Metaspace `prepend_scheme="first"` prepends only at
-    the start of a text)."""
+    the start of a text). Ids come from `encode_batch_fast` (no offsets computed) where the installed
+    `tokenizers` has it; they equal `encode`'s."""
     added = backend.get_added_tokens_decoder()
     special = {tok.content: int(i) for i, tok in added.items()}
     segmentable = all(not (t.lstrip or t.rstrip or t.single_word or t.normalized) for t in added.values())
     anchor = min(special, key=lambda t: special[t]) if special else None
+    fast = getattr(backend, "encode_batch_fast", None)
 
-    def encode_full(text: str) -> list[int]:
-        return backend.encode(text, add_special_tokens=False).ids
+    if fast is not None:
+        def ids_of(text: str) -> list[int]:
+            return fast([text], add_special_tokens=False)[0].ids
+    else:  # tokenizers < 0.21
+        def ids_of(text: str) -> list[int]:
+            return backend.encode(text, add_special_tokens=False).ids
 
-    def encode_piece(piece: str, at_start: bool) -> tuple[list[int], list[int]]:
+    def checked_tail(ids: list[int]) -> list[int]:
+        if not ids or ids[0] != special[anchor]:
+            raise TokenizerError(f"{spec!r}: special token {anchor!r} did not encode to its own id")
+        return ids[1:]
+
+    def library_offsets(piece: str, at_start: bool) -> tuple[list[int], list[int]]:
         if at_start or anchor is None:
             enc = backend.encode(piece, add_special_tokens=False)
             return enc.ids, [s for s, _ in enc.offsets]
         # Behind a special token the piece does not start the text: encode it after the anchor token and
         # drop the anchor's own id.
         enc = backend.encode(anchor + piece, add_special_tokens=False)
-        ids = enc.ids
-        if not ids or ids[0] != special[anchor]:
-            raise TokenizerError(f"{spec!r}: special token {anchor!r} did not encode to its own id")
+        ids = checked_tail(enc.ids)
         shift = len(anchor)
-        return ids[1:], [max(0, s - shift) for s, _ in enc.offsets[1:]]
+        return ids, [max(0, s - shift) for s, _ in enc.offsets[1:]]
+
+    def encode_piece_ids(piece: str, at_start: bool) -> list[int]:
+        if at_start or anchor is None:
+            return ids_of(piece)
+        return checked_tail(ids_of(anchor + piece))
 
     def decode(ids: Sequence[int], skip: bool) -> str:
         return backend.decode(ids, skip_special_tokens=skip)
 
-    return special, segmentable, encode_full, encode_piece, decode
+    piece_starts = ascii_starts_function(backend, library_offsets, encode_piece_ids)
+    encode_piece = library_offsets
+    if piece_starts is not None:
+        def encode_piece(piece: str, at_start: bool) -> tuple[list[int], list[int]]:
+            if piece.isascii():
+                ids = encode_piece_ids(piece, at_start)
+                starts = piece_starts(piece, ids)
+                if starts is not None:
+                    return ids, starts
+            return library_offsets(piece, at_start)
+
+    return BackendCodec(
+        special=special, segmentable=segmentable, encode_full=ids_of, library_offsets=library_offsets,
+        encode_piece=encode_piece, encode_piece_ids=encode_piece_ids, piece_starts=piece_starts, decode=decode,
+    )

@@ -91,6 +91,8 @@ class Tokenizer:
         kind: str,
         encode_full: Callable[[str], list[int]],
         encode_piece: Callable[[str, bool], tuple[list[int], list[int]]],
+        encode_piece_ids: Callable[[str, bool], list[int]] | None = None,
+        piece_starts: Callable[[str, Sequence[int]], list[int] | None] | None = None,
         decode: Callable[[Sequence[int], bool], str],
         special_tokens: Mapping[str, int],
         segmentable: bool,
@@ -121,6 +123,8 @@ class Tokenizer:
         `encode_segmented` is exact; otherwise it falls back to `encode`."""
         self._encode_full = encode_full
         self._encode_piece = encode_piece
+        self._encode_piece_ids = encode_piece_ids or (lambda piece, at_start: encode_piece(piece, at_start)[0])
+        self._piece_starts = piece_starts
         self._decode = decode
         self._count_cache = _LRU(65536)
         self._recent_counts: dict[str, int] = {}  # text -> count, see count()
@@ -222,17 +226,34 @@ class Tokenizer:
     def encode_piece(self, piece: str, at_start: bool) -> tuple[int, ...]:
         """Ids of one piece of text holding no special token; `at_start` says it begins the text.
 
-        Cached by `(piece, at_start)`."""
-        return self.encode_piece_offsets(piece, at_start)[0]
-
-    def encode_piece_offsets(self, piece: str, at_start: bool) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """`(ids, starts)` of one piece: its ids and the character offset (in the piece) where each starts."""
+        Cached by `(piece, at_start)`. Computes no character offsets: a piece first seen here is cached
+        with its ids only (`encode_piece_offsets` completes the entry when it needs the starts)."""
         key = (piece, at_start)
         hit = self._piece_cache.get(key)
         if hit is None:
-            ids, starts = self._encode_piece(piece, at_start)
-            hit = (tuple(ids), tuple(starts))
+            hit = (tuple(self._encode_piece_ids(piece, at_start)), None)
             self._piece_cache.put(key, hit)
+        return hit[0]
+
+    def encode_piece_offsets(self, piece: str, at_start: bool) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """`(ids, starts)` of one piece: its ids and the character offset (in the piece) where each starts.
+
+        Cached by `(piece, at_start)`. Where the backend proves the starts from the ids (a byte-level BPE on
+        an ASCII piece, `tokenizer_files.ascii_starts_function`), they are the running sum of the tokens'
+        lengths; otherwise they are the library's offsets."""
+        key = (piece, at_start)
+        hit = self._piece_cache.get(key)
+        if hit is not None and hit[1] is not None:
+            return hit
+        starts = None
+        if hit is not None and self._piece_starts is not None:  # ids cached without starts
+            ids = hit[0]
+            starts = self._piece_starts(piece, ids)
+        if starts is None:
+            ids, starts = self._encode_piece(piece, at_start)
+            ids = tuple(ids)
+        hit = (ids, tuple(starts))
+        self._piece_cache.put(key, hit)
         return hit
 
     def encode_with_offsets(self, text: str, *, at_start: bool = True) -> tuple[list[int], list[int]]:
@@ -252,7 +273,7 @@ class Tokenizer:
             else:
                 p_ids, p_starts = self.encode_piece_offsets(piece, first)
                 ids.extend(p_ids)
-                starts.extend(pos + s for s in p_starts)
+                starts.extend(map(pos.__add__, p_starts) if pos else p_starts)
             pos += len(piece)
             first = False
         return ids, starts
@@ -272,7 +293,7 @@ class Tokenizer:
             if special:
                 ids.append(self.special_tokens[piece])
             else:
-                ids.extend(self.encode_piece_offsets(piece, first)[0])
+                ids.extend(self.encode_piece(piece, first))
             first = False
         return ids
 
@@ -330,16 +351,18 @@ def _load_hf(spec: str) -> Tokenizer:
             template = template.get("default")
     if digest is None:
         digest = hashlib.sha256(backend.to_str().encode()).hexdigest()
-    special, segmentable, encode_full, encode_piece, decode = backend_functions(backend, spec)
+    codec = backend_functions(backend, spec)
     return Tokenizer(
         spec=spec,
         id=f"{name}@sha256:{digest[:16]}",
         kind="hf",
-        encode_full=encode_full,
-        encode_piece=encode_piece,
-        decode=decode,
-        special_tokens=special,
-        segmentable=segmentable,
+        encode_full=codec.encode_full,
+        encode_piece=codec.encode_piece,
+        encode_piece_ids=codec.encode_piece_ids,
+        piece_starts=codec.piece_starts,
+        decode=codec.decode,
+        special_tokens=codec.special,
+        segmentable=codec.segmentable,
         hf=hf,
         hf_loader=lambda: _auto_tokenizer(spec, source),
         backend=backend,
@@ -507,6 +530,7 @@ def _load_tiktoken(spec: str) -> Tokenizer:
         kind="tiktoken",
         encode_full=encode_full,
         encode_piece=encode_piece,
+        encode_piece_ids=lambda piece, at_start: enc.encode_ordinary(piece),
         decode=decode,
         special_tokens=special,
         segmentable=True,
