@@ -29,7 +29,7 @@ from ctxkit.errors import (BudgetError, ConfigError, InvariantError, LogFormatEr
                            ToolPairingError)
 from ctxkit.events import Compaction, EpisodeStart, Event, Pin, Unpin
 from ctxkit.log import MemoryLog as MemoryLog  # its home is ctxkit.log; kept importable from here
-from ctxkit.pairing import PairingProblem, pairing_problems
+from ctxkit.pairing import PairingProblem, PairingScan
 from ctxkit.pins import detect_constraints, resolve_pin_rules
 from ctxkit.render_cache import RenderCache
 from ctxkit.special_tokens import RECORDED_DEFAULT, resolve_special_tokens
@@ -345,12 +345,13 @@ def check_pairing(view: View, *, pending_before: Sequence[str] | None = None,
     a compaction), a call pending only after it had its result dropped by the compressor: reported as an
     `unanswered_call`. `problems`: `pairing_problems(view.messages)` when the caller has it already (the
     builder's `ViewState.pairing_problems`, which scans only new messages)."""
-    problems = pairing_problems(view.messages) if problems is None else list(problems)
-    if pending_before is not None:
+    scan = PairingScan().feed(view.messages) if problems is None or pending_before is not None else None
+    problems = scan.result() if problems is None else list(problems)
+    if pending_before is not None:  # one scan gives both: result(allow_pending=False) adds the pending calls
         allowed = set(pending_before)
         problems += [dataclasses.replace(p, problem="unanswered_call", text=p.text.replace(
                          "has no result yet (pending call)", "lost its result to the compaction (unanswered call)"))
-                     for p in pairing_problems(view.messages, allow_pending=False)
+                     for p in scan.result(allow_pending=False)
                      if p.problem == "pending_call" and p.call_id not in allowed]
     if problems:
         first = problems[0]

@@ -144,7 +144,8 @@ class ViewState:
             return
         if isinstance(event, Compaction):
             self.messages = apply_edits_to_list(self.messages, event.edits, where=_where(event))
-            self._rewritten()
+            # masks and truncations keep every message's role, calls, call id and event id: the pairing scan holds
+            self._rewritten(keep_pairing=all(isinstance(e, (MaskEdit, TruncateEdit)) for e in event.edits))
             return
         msg = message_of(event)
         if msg is None:
@@ -189,11 +190,13 @@ class ViewState:
             scan.feed(msgs[scan.n:])
         return scan.result(allow_pending=allow_pending)
 
-    def _rewritten(self) -> None:
-        """`messages` was replaced (a compaction): what was kept about the old list no longer holds."""
+    def _rewritten(self, *, keep_pairing: bool = False) -> None:
+        """`messages` was replaced (a compaction): what was kept about the old list no longer holds (the
+        pairing scan does when `keep_pairing`: the same messages, up to their content)."""
         self._pin_scan = {}
         self._hashed = None
-        self._pairing = None
+        if not keep_pairing:
+            self._pairing = None
 
     def _pinned_block(self, pins: Sequence[Pin]) -> ViewMessage | None:
         """The pinned block listing the active pins verbatim in no message (as `make_view` derives it); each
