@@ -16,6 +16,9 @@ Both backends split text at added/special tokens first and encode each piece ind
 `encode_segmented` encodes piece by piece with a cache keyed by the piece text and whether it starts
 the text (Metaspace tokenizers prepend a word marker only there). It gives the same ids as `encode`
 (tests check this on every shared tokenizer) and makes re-tokenizing a growing conversation O(new).
+Ids alone (`encode`, `count`, `encode_segmented`) are computed without character offsets; token starts
+(`encode_with_offsets`) come from the library's offsets, or, for a byte-level BPE on ASCII text, from the
+token lengths (`tokenizer_files.ascii_starts_function`, proven equal at load and checked per piece).
 """
 
 from __future__ import annotations
@@ -171,7 +174,8 @@ class Tokenizer:
         return int(self.encoding.n_vocab)
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of `text`; special-token text becomes special ids; no BOS/EOS added."""
+        """Token ids of `text`; special-token text becomes special ids; no BOS/EOS added (computed without
+        character offsets; not cached)."""
         if not isinstance(text, str):
             raise TokenizerError(f"{self.id}: encode() needs a str, got {type(text).__name__}")
         return self._encode_full(text)
