@@ -125,10 +125,10 @@ def test_tiktoken_hash_mismatch_is_typed(tmp_path, monkeypatch):
     bad = tmp_path / "cl100k_base.tiktoken"
     bad.write_text("aGVsbG8= 0\n")
     monkeypatch.setenv("CTXKIT_TIKTOKEN_DIR", str(tmp_path))
-    from ctxkit.tokenizers import _tiktoken_constructor
+    from ctxkit.tokenizer_tiktoken import tiktoken_constructor
 
     with pytest.raises(TokenizerError, match="cl100k_base"):
-        _tiktoken_constructor("cl100k_base")
+        tiktoken_constructor("cl100k_base")
 
 
 def test_errors_are_typed(tmp_path):
