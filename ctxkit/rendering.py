@@ -252,6 +252,7 @@ class IncrementalRenderer(TurnLabeller, PrefixCut, SuffixSplice, OutputAssembly)
                 ctx = self._output(self._relabel(0))
             else:
                 stable = self._retokenize(text)
+                self._kept_tail = None  # used by this render's tokenization or by none
                 relabel_from = self._locate(text, add_generation_prompt, stable)
                 changed = self._relabel(min(stable, relabel_from))
                 ctx = self._output(changed)
@@ -270,7 +271,9 @@ class IncrementalRenderer(TurnLabeller, PrefixCut, SuffixSplice, OutputAssembly)
         self._hash_cp = (0, hashlib.sha256(b"ctxkit-context-v1"))
         self._subs, self._out, self._out_at = [], ([], [], []), 0
         self._span_list, self._span_at, self._span_dirty = [], [0], 0
-        self._tail_regions = self._tail_map = self._tail_labels = None  # `SuffixSplice`
+        # `SuffixSplice` hints: each holds for the render that set it only
+        self._kept_tail = self._tail_regions = self._tail_map = self._tail_labels = None
+
 
 def render(
     messages: Sequence[Mapping[str, Any]],

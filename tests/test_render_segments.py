@@ -98,7 +98,8 @@ def test_special_token_policy_is_kept_after_compactions(policy):
 
 
 def test_segments_re_used_after_compaction():
-    """A window compaction drops turns: the segments of the turns it keeps are copied, not tokenized."""
+    """A window compaction drops turns: the turns it keeps are not tokenized again (their ids are copied
+    from the segment cache or shifted from the old render by a splice): each segment is tokenized once."""
     t = tok("qwen2.5-instruct")
     rng = random.Random(3)
     head, per_turn = episode(rng, t, 40, specials=False)
@@ -109,7 +110,17 @@ def test_segments_re_used_after_compaction():
         builder.build(log)
         log.extend(turn)
     segments = builder._renderer.segments
-    assert segments.segment_hits > segments.segment_misses > 0
+    assert segments.segment_misses == len(segments.segments) == 3 + 2 * 40  # the head's 3, a call and a result per turn
+    spliced = sum(r.tail_reuses for r, _, _ in builder._renderer._bases)
+    assert segments.segment_hits + spliced > 0
+
+
+def test_a_splice_hint_does_not_outlive_its_render():
+    """Regression: a renderer whose spliced render went the escape path (special-token text in a tool output)
+    kept the splice's tail hint, and its next render, a window drop, shifted stale ids into the context."""
+    t = tok("qwen2.5-instruct")
+    assert check_every_build(t, "window", 891, 1500, turns=24) == 24
+    assert check_every_build(t, "truncate-tool-output", 891, 3000, turns=24) == 24
 
 
 def test_safe_opener_and_segment_ids():
