@@ -123,6 +123,17 @@ def test_a_splice_hint_does_not_outlive_its_render():
     assert check_every_build(t, "truncate-tool-output", 891, 3000, turns=24) == 24
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("compressor", FAST)
+def test_every_build_equals_a_full_render_over_a_fixed_sweep(compressor):
+    """The random test above tries 3 episodes per case; this sweeps 16 fixed ones per compressor (forged special
+    tokens in tool outputs, two budgets) so the splice, cut and escape paths meet in CI every time."""
+    t = tok("qwen2.5-instruct")
+    for seed in range(16):
+        for budget in (1500, 3000):
+            assert check_every_build(t, compressor, seed, budget, turns=24) > 0
+
+
 def test_safe_opener_and_segment_ids():
     t = tok("qwen2.5-instruct")
     assert safe_opener(t, "<|im_start|>") == "<|im_start|>"
