@@ -226,6 +226,10 @@ def test_a_renderer_through_appends_cuts_and_splices_stays_exact(name, seed):
             chat = chat[:n]
         else:
             new, a, s = edit(rng, chat, rng.choice(["drop-front", "mask", "truncate", "summary", "insert"]))
-            r.splice(a, s, [(m, None) for m in new[a:len(new) - s]], lambda: [(m, None) for m in new[len(new) - s:]])
+            if s:
+                r.splice(a, s, [(m, None) for m in new[a:len(new) - s]], lambda: [(m, None) for m in new[len(new) - s:]])
+            else:  # the edit reached the last message: nothing is kept after it, so it is a cut (as RenderCache does)
+                r.cut(a)
+                r.extend(new[a:])
             chat = new
     same(r.render(add_generation_prompt=True), render(chat, t, None, TOOLS, add_generation_prompt=True))
