@@ -41,8 +41,6 @@ __all__ = ["CHATML_TIKTOKEN_SPECIALS", "SHARED_ENV", "TIKTOKEN_ENV", "Tokenizer"
            "tiktoken_search_dirs"]
 
 
-
-
 class _LRU:
     """A bounded mapping with least-recently-used eviction (thread-safe): at most `maxsize` entries and,
     when keys are `(text, ...)` tuples, at most `maxchars` characters of key text."""
@@ -131,9 +129,7 @@ class Tokenizer:
         self._encode_piece_ids = encode_piece_ids or (lambda piece, at_start: encode_piece(piece, at_start)[0])
         self._piece_starts = piece_starts
         self._decode = decode
-        self._count_cache = _LRU(65536)
-        self._recent_counts: dict[str, int] = {}  # text -> count, see count()
-        self._piece_cache = _LRU(65536)
+        self.clear_caches()
         texts = sorted(self.special_tokens, key=len, reverse=True)
         self._special_re = re.compile("|".join(re.escape(t) for t in texts)) if texts else None
 
@@ -142,9 +138,9 @@ class Tokenizer:
 
     def clear_caches(self) -> None:
         """Forget every cached count and piece encoding (benchmarks start each pass cold with it)."""
-        self._count_cache = _LRU(65536)
-        self._recent_counts = {}
-        self._piece_cache = _LRU(65536)
+        self._count_cache = _LRU(65536)  # content hash -> count
+        self._recent_counts: dict[str, int] = {}  # text -> count, see count()
+        self._piece_cache = _LRU(65536)  # (piece, at_start) -> (ids, starts or None)
 
     @property
     def hf(self) -> Any:

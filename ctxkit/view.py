@@ -356,14 +356,15 @@ def _apply_edits(messages: Sequence[ViewMessage], edits: Sequence[Edit], where: 
     return msgs
 
 
-_EDITED: dict[tuple[int, str, str], tuple[ViewMessage, ViewMessage]] = {}  # (id(message), how, text) -> (it, edited)
+# (id(message), how, text, event id) -> (the message, its edited copy)
+_EDITED: dict[tuple[int, str, str, str], tuple[ViewMessage, ViewMessage]] = {}
 
 
 def _edited(m: ViewMessage, how: str, text: str, event_id: str) -> ViewMessage:
     """`m` with `text` as its content, no sampled ids and provenance `how` of `event_id` (its own single
-    event). Made once per (message, how, text) while kept, so the candidates a compressor tries and the view
-    rebuilt from the recorded compaction share the message, and its digest is computed once."""
-    key = (id(m), how, text)
+    event). Made once per (message, how, text, event) while kept, so the candidates a compressor tries and the
+    view rebuilt from the recorded compaction share the message, and its digest is computed once."""
+    key = (id(m), how, text, event_id)
     hit = _EDITED.get(key)
     if hit is not None and hit[0] is m:
         return hit[1]
