@@ -151,21 +151,24 @@ def test_safe_opener_and_segment_ids():
     assert cache.segment_misses == 3 and cache.segment_hits == 3
 
 
-TRAJECTORIES = ("sweagent__pydicom-1458.traj", "adp__swe-smith__sample_raw.json")
+def trajectory_cases() -> list[tuple[str, int]]:
+    """`(file, episode index)` for every file of `../shared/trajectories`: every episode of a small file,
+    every 20th of tau-bench (`test_trajectories.spread`)."""
+    from test_trajectories import FILES, spread
+
+    return [(name, index) for name in FILES for index in spread(name)]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("file", TRAJECTORIES)
-def test_every_build_on_real_trajectories_equals_a_full_render(file):
+@pytest.mark.parametrize("file,index", trajectory_cases())
+def test_every_build_on_real_trajectories_equals_a_full_render(file, index):
     """Real trajectories (offline steps, every compressor at 50 % of the full length, where it fits):
-    every context built equals a full render of its view."""
-    from conftest import shared_path
-    from ctxkit.importers import read_episodes
+    every context built equals a full render of its view, for every episode the compressor matrix runs on."""
+    from test_trajectories import episodes, window_budget
     from ctxkit.offline_steps import add_offline_steps
-    from test_trajectories import window_budget
 
     t = tok("qwen2.5-instruct")
-    ep = read_episodes(shared_path("trajectories", file), format="auto")[0]
+    ep = episodes(file)[index]
     events = add_offline_steps(ep.events, t)
     steps = [e for e in events if isinstance(e, Step)]
     _, budget = window_budget(events)  # the smallest budget >= 50 % of the full length at which window fits
