@@ -209,7 +209,7 @@ class ContextBuilder:
         request = CompressionRequest(
             view=view, events=events, tokenizer=self.tokenizer, template=self.template, budget=budget,
             measure=self.measure, pinned_texts=tuple(p.text for p in view.active_pins),
-            turn_starts=self.turn_starts,
+            turn_starts=self.turn_starts, rendered=self._renderer.render,
         )
         try:
             compaction = self.compressor.compact(request)

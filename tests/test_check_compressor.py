@@ -56,7 +56,8 @@ def test_check_compressor_over_the_registry(name):
 def test_which_compressors_fit_by_themselves():
     fits = {name: make_compressor(name, **params_for(name)).fits_budget for name in FAST}
     assert sorted(n for n, f in fits.items() if not f) == [
-        "keep-all", "mask-observations-v2", "summarize-v2", "truncate-tool-output-v2"]
+        "keep-all", "mask-observations-v2", "mask-observations-v3", "summarize-v2", "truncate-tool-output-v2",
+        "truncate-tool-output-v3"]
     assert make_compressor("mask-observations", fallback="none").fits_budget is False
     assert make_compressor("pipeline", stages=["mask-observations-v2", "truncate-tool-output-v2"]).fits_budget is False
 

@@ -3,6 +3,8 @@ parameter validation and the registry."""
 
 from __future__ import annotations
 
+import re
+
 import math
 
 import orjson
@@ -244,13 +246,15 @@ def test_pipeline_composes_in_order(tok):
 def test_registry_lists_every_strategy_with_defaults():
     assert set(COMPRESSORS) == {"keep-all", "window", "mask-observations", "truncate-tool-output", "summarize",
                                 "retrieve", "pipeline", "mask-observations-v2", "truncate-tool-output-v2",
-                                "summarize-v2", "mask-then-window", "truncate-then-window", "summarize-then-window"}
+                                "summarize-v2", "mask-then-window", "truncate-then-window", "summarize-then-window",
+                                "mask-observations-v3", "truncate-tool-output-v3", "mask-then-window-v2",
+                                "truncate-then-window-v2"}
     defaults = compressor_defaults()
     assert set(defaults) == set(COMPRESSORS)
     for name, params in defaults.items():
         assert params["trigger"] in ("over_budget", "every_turn"), name
         c = make_compressor(name)
-        assert c.spec.name == (name if name.endswith("-v2") else f"{name}-v1")
+        assert c.spec.name == (name if re.search(r"-v\d+$", name) else f"{name}-v1")
         orjson.dumps(c.spec.to_dict())
     assert defaults["mask-observations"]["keep_last"] == 10
 
@@ -269,8 +273,9 @@ def test_unknown_compressor_lists_registered_names():
     with pytest.raises(ConfigError, match=r"compressor 'window-v9': this ctxkit has no version 9 of 'window'; "
                                           r"known versions: \['window-v1'\]"):
         make_compressor("window-v9")
-    with pytest.raises(ConfigError, match=r"known versions: \['mask-observations-v1', 'mask-observations-v2'\]"):
-        make_compressor("mask-observations-v3")
+    with pytest.raises(ConfigError, match=r"known versions: \['mask-observations-v1', 'mask-observations-v2', "
+                                          r"'mask-observations-v3'\]"):
+        make_compressor("mask-observations-v4")
 
 
 def test_unknown_and_bad_parameters():

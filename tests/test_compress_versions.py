@@ -113,7 +113,8 @@ def test_names_and_versions():
     assert {n: compressor_class(n).VERSION for n in COMPRESSORS} == {
         "keep-all": 1, "window": 1, "mask-observations": 1, "mask-observations-v2": 2, "truncate-tool-output": 1,
         "truncate-tool-output-v2": 2, "summarize": 1, "summarize-v2": 2, "retrieve": 1, "pipeline": 1,
-        "mask-then-window": 1, "truncate-then-window": 1, "summarize-then-window": 1}
+        "mask-then-window": 1, "truncate-then-window": 1, "summarize-then-window": 1, "mask-observations-v3": 3,
+        "truncate-tool-output-v3": 3, "mask-then-window-v2": 2, "truncate-then-window-v2": 2}
     for name in ("mask-observations", "truncate-tool-output", "summarize"):
         assert compressor_class(f"{name}-v1") is compressor_class(name)
         assert compressor_class(f"{name}-v2").NAME == name
@@ -158,4 +159,5 @@ def test_turn_helpers_have_one_home():
             if isinstance(node, ast.ImportFrom):
                 assert node.module != "ctxkit.compress.window", f"{path.name} imports from window.py"
     users = [p.name for p in sorted(folder.glob("*.py")) if "from ctxkit.compress.turns import" in Path(p).read_text()]
-    assert users == ["mask_observations.py", "retrieve.py", "summarize.py", "truncate_tool_output.py", "v1.py", "window.py"]
+    assert users == ["mask_observations.py", "retrieve.py", "summarize.py", "truncate_tool_output.py", "v1.py", "v3.py",
+                     "window.py"]

@@ -15,6 +15,10 @@ recorded name can be made again: `window-v1`, `mask-observations-v1`, `mask-then
 - `<name>-v2` names a later version explicitly. `mask-observations-v2`, `truncate-tool-output-v2` and
   `summarize-v2` do one thing only and have no `fallback`: alone they may leave a view over budget (the
   builder then raises `BudgetError`).
+- `mask-observations-v3` and `truncate-tool-output-v3` (`ctxkit.compress.v3`) are version 2 with sizes
+  counted in context: read off the builder's render of the view instead of encoding each output again
+  (the placeholder's count and the truncation marker's may differ by a token from version 2's).
+  `mask-then-window-v2` and `truncate-then-window-v2` follow them with `window`.
 - Presets compose one thing with `window` as an explicit pipeline (`ctxkit.compress.presets`):
   `mask-then-window`, `truncate-then-window`, `summarize-then-window`. With the same parameters they
   give the same views as the version-1 strategies; prefer them (or a `pipeline` of your own) in new
@@ -44,6 +48,8 @@ COMPRESSORS: dict[str, str] = {
     "mask-observations-v2": "ctxkit.compress.mask_observations:MaskObservations",
     "truncate-tool-output": "ctxkit.compress.v1:TruncateToolOutputV1",
     "truncate-tool-output-v2": "ctxkit.compress.truncate_tool_output:TruncateToolOutput",
+    "mask-observations-v3": "ctxkit.compress.v3:MaskObservationsV3",
+    "truncate-tool-output-v3": "ctxkit.compress.v3:TruncateToolOutputV3",
     "summarize": "ctxkit.compress.v1:SummarizeV1",
     "summarize-v2": "ctxkit.compress.summarize:Summarize",
     "retrieve": "ctxkit.compress.retrieve:Retrieve",
@@ -51,6 +57,8 @@ COMPRESSORS: dict[str, str] = {
     "mask-then-window": "ctxkit.compress.presets:MaskThenWindow",
     "truncate-then-window": "ctxkit.compress.presets:TruncateThenWindow",
     "summarize-then-window": "ctxkit.compress.presets:SummarizeThenWindow",
+    "mask-then-window-v2": "ctxkit.compress.presets:MaskThenWindowV2",
+    "truncate-then-window-v2": "ctxkit.compress.presets:TruncateThenWindowV2",
 }
 """Registry name -> `"module:Class"`. An un-suffixed name is version 1 of its strategy; `<name>-v<N>`
 entries are later versions; `<name>-v<N>` for a version registered un-suffixed resolves to that entry."""

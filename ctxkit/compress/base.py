@@ -73,6 +73,10 @@ class CompressionRequest:
     render a view as its turns one after another (then cutting messages out cannot be predicted). With
     it, the render of a view with messages `[a, b)` cut out is predicted to be `starts[b] - starts[a]`
     tokens shorter; compressors measure the candidate they choose to confirm it (`fit_window`)."""
+    rendered: Callable[[View], Any] | None = None
+    """Optional: the final render of a view (a `ctxkit.rendering.RenderedContext`: `token_ids`, and
+    `spans`, the token range of each message's own text), cached by view hash by the builder. Version-3
+    strategies read token counts and ids of the current view's messages off it (`ctxkit.compress.v3`)."""
 
 
 @runtime_checkable

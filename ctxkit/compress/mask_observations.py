@@ -13,7 +13,7 @@ oldest turn groups itself when masking is not enough (`fallback="window"`).
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from ctxkit.compress.base import BaseCompressor, CompressionRequest, require_fraction, require_int
 from ctxkit.compress.turns import SizeEstimate, base_messages
@@ -64,7 +64,7 @@ class MaskObservations(BaseCompressor):
         unmasked window until the view is at most `target_fraction * budget` (or one turn is left).
 
         A candidate estimated not to fit is skipped without building its view: on a view without pins
-        its estimate comes from the masked messages alone (`SizeEstimate.replaced`, the same number
+        its estimate comes from the masked messages alone (`SizeEstimate.replaced_exceeds`, the same decision
         `estimate_size` gives); only the candidates measured, and the one returned, are built."""
         p = self.params
         view = request.view
@@ -79,19 +79,22 @@ class MaskObservations(BaseCompressor):
         size = n_tokens
         used_keep = p["keep_last"]
         target = int(p["target_fraction"] * request.budget)
+        count = self.output_counter(request)
         for i, keep in enumerate(keeps):
-            changes = mask_changes(request, view, keep, p["placeholder"], originals)
+            changes = mask_changes(request, view, keep, p["placeholder"], originals, count)
             edits = [edit for _, edit in changes]
             used_keep = keep
             candidate = None
             # measure exactly only a candidate estimated to fit (or the last one)
             if i < len(keeps) - 1:
-                if plain:
-                    guess = estimate.replaced([(m, edit.text) for m, edit in changes])
+                if count is not None:
+                    over = estimate_over(request.tokenizer, n_tokens, changes, count, target)
+                elif plain:
+                    over = estimate.replaced_exceeds([(m, edit.text) for m, edit in changes], target)
                 else:
                     candidate = apply_edits(view, edits, where=self.spec.name) if edits else view
-                    guess = estimate.of(candidate)
-                if guess > target:
+                    over = estimate.of_exceeds(candidate, target)
+                if over:
                     continue
             if candidate is None:
                 candidate = apply_edits(view, edits, where=self.spec.name) if edits else view
@@ -101,6 +104,20 @@ class MaskObservations(BaseCompressor):
         if candidate is None:  # not reached: the last candidate is always measured
             candidate = apply_edits(view, edits, where=self.spec.name) if edits else view
         return edits, {"masked": len(edits), "keep_last_used": used_keep}, candidate, size
+
+
+    def output_counter(self, request: CompressionRequest) -> Callable[[ViewMessage], int] | None:
+        """The `{n_tokens}` of a masked message, or None for the original output's own token count
+        (versions 1 and 2; version 3 overrides it with the tokens the message occupies in the render)."""
+        return None
+
+
+def estimate_over(tokenizer: Any, n_tokens: int, changes: Sequence[tuple[ViewMessage, MaskEdit]],
+                  count: Callable[[ViewMessage], int], target: int) -> bool:
+    """Whether the view of `n_tokens` tokens, each message of `changes` counted as `count(m)` tokens and
+    replaced by its placeholder, is estimated above `target` (version 3: scaffold and boundary merges are
+    not estimated; the candidate chosen is measured)."""
+    return n_tokens + sum(tokenizer.count(edit.text) - count(m) for m, edit in changes) > target
 
 
 def _tool_results(request: CompressionRequest) -> dict[str, ToolResult]:
@@ -124,9 +141,11 @@ def mask_changes(
     keep_last: int,
     placeholder: str,
     originals: Mapping[str, ToolResult],
+    count: Callable[[ViewMessage], int] | None = None,
 ) -> list[tuple[ViewMessage, MaskEdit]]:
     """`(message, its mask edit)` for every unmasked tool message outside the newest `keep_last` assistant
-    turns, in view order (`mask_edits` without the messages)."""
+    turns, in view order (`mask_edits` without the messages). The placeholder's `{n_tokens}` is `count(m)`
+    when given (version 3: the tokens `m` occupies in the render), else the original output's own count."""
     msgs = base_messages(view)
     assistant_at = [i for i, m in enumerate(msgs) if m.role == "assistant"]
     cutoff = assistant_at[-keep_last] if 0 < keep_last <= len(assistant_at) else (len(msgs) if keep_last == 0 else 0)
@@ -135,9 +154,11 @@ def mask_changes(
         if m.role != "tool" or m.provenance.how not in ("verbatim", "truncated"):
             continue
         eid = m.provenance.event_ids[0]
-        original = originals.get(eid)
-        text = content_text(original.content) if original is not None else m.content
-        n = request.tokenizer.count(text)
+        if count is not None:
+            n = count(m)
+        else:
+            original = originals.get(eid)
+            n = request.tokenizer.count(content_text(original.content) if original is not None else m.content)
         out.append((m, MaskEdit(eid, placeholder.format(event_id=eid, n_tokens=n, name=m.name or "tool"))))
     return out
 

@@ -8,6 +8,8 @@ under its own versioned name, e.g. `mask-then-window-v1`:
 | `mask-then-window`      | `mask-observations-v2`, then `window` when above `target_fraction * budget` |
 | `truncate-then-window`  | `truncate-tool-output-v2`, then `window` when over budget (cut to `target_fraction * budget`) |
 | `summarize-then-window` | `summarize-v2`, then `window` when still over budget          |
+| `mask-then-window-v2`   | `mask-observations-v3`, then `window` (as `mask-then-window`)  |
+| `truncate-then-window-v2` | `truncate-tool-output-v3`, then `window` (as `truncate-then-window`) |
 
 With the same parameters, each gives exactly the views (and token ids) of the version-1 strategy with
 its built-in `fallback="window"` (`ctxkit.compress.v1`); only the recorded `Compaction` differs (the
@@ -86,6 +88,27 @@ class TruncateThenWindow(Preset):
             ("window", {"trigger": "over_budget", "keep_first": p["keep_first"], "keep_last": 1,
                         "target_fraction": p["target_fraction"]}),
         ]
+
+
+class MaskThenWindowV2(MaskThenWindow):
+    """`mask-then-window-v2`: `mask-observations-v3` (placeholders give in-context counts), then `window`."""
+
+    VERSION = 2
+
+    def stage_specs(self, p: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+        (_, mask), window = super().stage_specs(p)
+        return [("mask-observations-v3", mask), window]
+
+
+class TruncateThenWindowV2(TruncateThenWindow):
+    """`truncate-then-window-v2`: `truncate-tool-output-v3` (cuts from in-context ids), then `window` when
+    still over budget."""
+
+    VERSION = 2
+
+    def stage_specs(self, p: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+        (_, truncate), window = super().stage_specs(p)
+        return [("truncate-tool-output-v3", truncate), window]
 
 
 class SummarizeThenWindow(Preset):

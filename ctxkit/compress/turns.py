@@ -9,7 +9,8 @@ view's render size from a measured one, to pick which candidate to measure exact
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from functools import cached_property
+from typing import Any, Callable, Sequence
 
 from ctxkit.compress.base import CompressionRequest
 from ctxkit.edits import DropEdit
@@ -75,9 +76,13 @@ class SizeEstimate:
         self.tokenizer = tokenizer
         self.view = view
         self.n_tokens = n_tokens
-        text = sum(message_cost(tokenizer, m) for m in view.messages)
-        self.per_msg = max(0.0, (n_tokens - text) / max(1, len(view.messages)))
-        """Scaffold tokens per message, calibrated on the measured view."""
+
+    @cached_property
+    def per_msg(self) -> float:
+        """Scaffold tokens per message, calibrated on the measured view (counted on first use: it counts
+        the text of every message of the view)."""
+        text = sum(message_cost(self.tokenizer, m) for m in self.view.messages)
+        return max(0.0, (self.n_tokens - text) / max(1, len(self.view.messages)))
 
     def of(self, candidate: View) -> int:
         """`estimate_size(tokenizer, view, n_tokens, candidate)`."""
@@ -88,6 +93,20 @@ class SizeEstimate:
         removed = sum(message_cost(tok, m) + per_msg for m in view.messages if id(m) not in new)
         return int(self.n_tokens + added - removed)
 
+    def of_exceeds(self, candidate: View, target: int) -> bool:
+        """`of(candidate) > target`, without calibrating the scaffold unless the answer depends on it: when
+        the candidate adds as many messages as it takes away, the scaffold terms cancel and the estimate is
+        an integer or one below it (as in `replaced_exceeds`)."""
+        tok, view = self.tokenizer, self.view
+        old = {id(m) for m in view.messages}
+        new = {id(m) for m in candidate.messages}
+        added = [m for m in candidate.messages if id(m) not in old]
+        removed = [m for m in view.messages if id(m) not in new]
+        if len(added) != len(removed):
+            return self.of(candidate) > target
+        exact = self.n_tokens + sum(message_cost(tok, m) for m in added) - sum(message_cost(tok, m) for m in removed)
+        return _exceeds(exact, target, lambda: self.of(candidate))
+
     def replaced(self, changes: Sequence[tuple[ViewMessage, str]]) -> int:
         """The estimate of the view with each `(message, new content)` of `changes` replaced by a new message
         with that content (in view order, nothing else changed: what mask and truncate edits give on a
@@ -97,6 +116,28 @@ class SizeEstimate:
                     + (tok.count(text) if text else 0) + per_msg for m, text in changes)
         removed = sum(message_cost(tok, m) + per_msg for m, _ in changes)
         return int(self.n_tokens + added - removed)
+
+    def replaced_exceeds(self, changes: Sequence[tuple[ViewMessage, str]], target: int) -> bool:
+        """`replaced(changes) > target`, without calibrating the scaffold unless the answer depends on it.
+
+        In `replaced` the scaffold term is added once per change and taken away once per change, so the
+        estimate is the integer `n_tokens + sum(new count - old count)` up to float rounding (far below one
+        token), which `int()` may turn into one less: the estimate is that integer or one below it. Only
+        when the integer is `target + 1` do the two disagree; then the calibrated `replaced` decides."""
+        tok = self.tokenizer
+        exact = self.n_tokens + sum((tok.count(text) if text else 0) - (tok.count(m.content) if m.content else 0)
+                                    for m, text in changes)
+        return _exceeds(exact, target, lambda: self.replaced(changes))
+
+
+def _exceeds(exact: int, target: int, estimate: Callable[[], int]) -> bool:
+    """Whether an estimate that is `exact` or `exact - 1` (float rounding of cancelling scaffold terms) is
+    above `target`; `estimate()` (the calibrated value) decides only when the two answers differ."""
+    if exact - 1 > target:
+        return True
+    if exact <= target:
+        return False
+    return estimate() > target
 
 
 def fit_window(
