@@ -209,7 +209,7 @@ class ContextBuilder:
         request = CompressionRequest(
             view=view, events=events, tokenizer=self.tokenizer, template=self.template, budget=budget,
             measure=self.measure, pinned_texts=tuple(p.text for p in view.active_pins),
-            turn_starts=self.turn_starts, rendered=self._renderer.render,
+            turn_starts=self.turn_starts, rendered=self.rendered,
         )
         try:
             compaction = self.compressor.compact(request)
@@ -251,6 +251,10 @@ class ContextBuilder:
     def measure(self, view: View) -> int:
         """Exact token count of the final render of `view` (generation prompt included); cached by view hash."""
         return len(self._renderer.render(view).token_ids)
+
+    def rendered(self, view: View) -> Any:
+        """The final render of `view` (a `RenderedContext`, generation prompt included); cached by view hash."""
+        return self._renderer.render(view)
 
     def turn_starts(self, view: View) -> list[int | None] | None:
         """Per message of `view`, the token where its turn opens in the final render (see
