@@ -42,8 +42,8 @@ __all__ = ["MaskObservationsV3", "TruncateToolOutputV3", "content_spans", "cut_i
 
 
 def content_spans(request: CompressionRequest, who: str) -> tuple[Any, dict[int, tuple[int, int]]]:
-    """`(rendered context of request.view, {id(message): (start, end)})`: the token range of each message's
-    own text in the view's final render (messages the template drops are absent)."""
+    """`(rendered context of request.view, {id(message): (start, end)})`: the token range of each tool
+    message's own text in the view's final render (messages the template drops are absent)."""
     if request.rendered is None:
         raise ConfigError(f"{who}: needs the builder's render of the view (CompressionRequest.rendered), which this "
                           "request does not carry; build with ctxkit.ContextBuilder or pass `rendered`")
@@ -52,7 +52,7 @@ def content_spans(request: CompressionRequest, who: str) -> tuple[Any, dict[int,
     msgs = view.messages
     spans: dict[int, tuple[int, int]] = {}
     for sp in out.spans:
-        if 0 <= sp.index < len(msgs) and sp.end > sp.start:
+        if sp.role == "tool" and sp.end > sp.start and 0 <= sp.index < len(msgs):
             spans[id(msgs[sp.index])] = (sp.start, sp.end)
     return out, spans
 
