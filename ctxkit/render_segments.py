@@ -148,8 +148,8 @@ def encode_segments(cache: SegmentCache, tokenizer: Any, text: str, base: int, o
         key = (text[pos:nxt], first)
         hit = segments.get(key)
         if hit is None:
-            s_ids, s_starts = tokenizer.encode_with_offsets(key[0], at_start=first)
-            s_sp = tuple((s_starts[k] + special_len[t], k + 1) for k, t in enumerate(s_ids) if t in special_len)
+            s_ids, s_starts, at = tokenizer.encode_with_specials(key[0], at_start=first)
+            s_sp = tuple([(s_starts[k] + special_len[s_ids[k]], k + 1) for k in at])
             hit = (tuple(s_ids), tuple(s_starts), s_sp)
             segments[key] = hit
             cache.segment_misses += 1

@@ -20,7 +20,9 @@ How assistant turns are located in the rendered text (never from `{% generation 
 Text: for a template `template_locality` finds local (Qwen2.5, SmolLM2, chatml-tools-v1; not Qwen3,
 which rewrites earlier turns, nor Mistral), `IncrementalRenderer` renders only a short suffix window
 of the conversation after its first render (`template_locality.window_delta`), checked against the
-text already known; otherwise, and whenever that check fails, it renders the whole conversation.
+text already known; the window's old part is taken from an earlier build's core (`_core_marks`), so an
+append costs one template render. Otherwise, and whenever the check fails, it renders the whole
+conversation.
 
 Token-in-token-out: an assistant dict may carry `"token_ids"` (the sampled ids). They replace the
 rendered ids of that turn's produced region verbatim; where they differ, a `Drift` is recorded. If
@@ -47,7 +49,7 @@ from ctxkit.render_output import Drift, MessageSpan, OutputAssembly, RenderedCon
 from ctxkit.render_splice import SuffixSplice
 from ctxkit.render_segments import SegmentCache, made_calls, message_key, safe_opener, strings_in
 from ctxkit.special_tokens import encode_escaped, find_special_tokens, resolve_special_tokens
-from ctxkit.template_locality import window_delta
+from ctxkit.template_locality import window_delta, window_start
 from ctxkit.template_profile import template_profile
 from ctxkit.templates import ChatTemplate, load_template, normalize_messages, plain_value
 from ctxkit.tokenizers import Tokenizer, load_tokenizer
@@ -219,7 +221,7 @@ class IncrementalRenderer(TurnLabeller, PrefixCut, SuffixSplice, OutputAssembly)
                 if self._head is None and len(chat) >= self._reach:
                     self._head = self._render_text(chat[: self._reach], False)
                 got = window_delta(self._render_text, chat, core[0], core[1], agp, self._head, self._reach,
-                                   self._prompt)
+                                   self._prompt, mark=self._window_mark(core[0]))
             except TemplateError:
                 got = None  # the full render below decides (and raises if the template rejects it)
             if got is not None:
@@ -236,6 +238,19 @@ class IncrementalRenderer(TurnLabeller, PrefixCut, SuffixSplice, OutputAssembly)
             except TemplateError:  # the template wants the prompt here: no window base this time
                 self._core = None
         return text
+
+    def _window_mark(self, m: int, stretch: int = 4) -> tuple[int, int] | None:
+        """`(j, p)` for `window_delta`: the latest earlier core (a checkpoint in `_core_marks`, whose text is
+        `core[:p]` = the render of the first `j` messages) at or before the default window start for a core
+        of `m` messages, at most `stretch` messages before it; None when there is none."""
+        marks = self._core_marks
+        if len(marks) < 2:
+            return None
+        j = window_start(self._chat, m, self._reach)
+        k = bisect.bisect_right(marks, (j, float("inf"))) - 1
+        if k < 0 or marks[k][0] < j - stretch or marks[k][0] <= max(1, self._reach):
+            return None
+        return marks[k]
 
     def render(self, add_generation_prompt: bool = False) -> RenderedContext:
         """The context for the messages so far (ids equal `apply_chat_template(..., tokenize=True)`)."""

@@ -169,8 +169,20 @@ def locality_scan(source: str) -> tuple[str | None, int]:
     return ("; ".join(problems) if problems else None), reach[0]
 
 
+def window_start(chat: list[dict], m: int, reach: int = 1, max_back: int = 64) -> int:
+    """Where `window_delta`'s window proper starts for the first `m` messages of `chat` (<= `max(1, reach)`:
+    no window): `reach + 1` messages before `m` (at least 2), further back over a run of tool results, at
+    most `max_back` messages before `m`."""
+    lead = max(1, reach)
+    j = m - max(2, reach + 1)
+    while j > lead and chat[j].get("role") == "tool" and m - j < max_back:
+        j -= 1
+    return j
+
+
 def window_delta(render, chat: list[dict], m: int, core: str, agp: bool, head: str | None = None,
-                 reach: int = 1, prompt: str | None = None, max_back: int = 64) -> tuple[str, str] | None:
+                 reach: int = 1, prompt: str | None = None, max_back: int = 64,
+                 mark: tuple[int, int] | None = None) -> tuple[str, str] | None:
     """`(render(chat, False), render(chat, agp))` from `core = render(chat[:m], False)` and renders of a
     suffix window only, or None where the window cannot be used or fails its check.
 
@@ -181,17 +193,33 @@ def window_delta(render, chat: list[dict], m: int, core: str, agp: bool, head: s
     `max_back`), so every neighbour the new messages look at, and every old message that looks at a
     new one, is inside it; its render, past the first message, must equal the tail of `core`, and the
     window with the new messages must extend it. `prompt` (`Locality.prompt`) saves the render with the
-    generation prompt. Only for templates `template_locality` finds local."""
+    generation prompt.
+
+    `mark = (j, p)`, when known: `core[:p]` is the render of `chat[:j]` (a core of an earlier build), with
+    `max(1, reach) < j <= window_start(chat, m, reach, max_back)`. The window then starts at `j` and its
+    old part is not rendered on its own: `core[p:]` is what the full render holds for `chat[j:m]`, and the
+    window with the new messages must render them first, after `head`, as the check above demands of the
+    old window's render. Only for templates `template_locality` finds local."""
     n = len(chat)
     lead = max(1, reach)  # messages kept at the front: their backward lookups wrap to the list's end
-    j = m - max(2, reach + 1)
-    while j > lead and chat[j].get("role") == "tool" and m - j < max_back:
-        j -= 1
+    if mark is not None:
+        j, p = mark
+        if not lead < j <= window_start(chat, m, reach, max_back) or not 0 < p < len(core):
+            mark = None
+    if mark is None:
+        j = window_start(chat, m, reach, max_back)
     if j <= lead or n < m:
         return None  # the window would be the whole conversation
     first = chat[:lead]
     if head is None:
         head = render(first, False)
+    if mark is not None:
+        if n > m:
+            return _extend_marked(render, first + chat[j:], agp, head, prompt, core, mark[1])
+        if not agp or prompt is not None:
+            return core, core if not agp else core + prompt
+        with_prompt = _with_prompt(render, first + chat[j:], head, core, mark[1])
+        return None if with_prompt is None else (core, with_prompt)
     old = render(first + chat[j:m], False)
     body = old[len(head):]
     if not body or not old.startswith(head) or not core.endswith(body):
@@ -211,3 +239,28 @@ def window_delta(render, chat: list[dict], m: int, core: str, agp: bool, head: s
     if not with_prompt.startswith(old):
         return None
     return new_core, core + with_prompt[len(old):]
+
+
+def _with_prompt(render, window: list[dict], head: str, core: str, p: int) -> str | None:
+    """The full render with the generation prompt from `window`'s (`window_delta` with a mark)."""
+    text = render(window, True)
+    at = len(head) + len(core) - p
+    if not text.startswith(head) or not text.startswith(core[p:], len(head)):
+        return None
+    return core + text[at:]
+
+
+def _extend_marked(render, window: list[dict], agp: bool, head: str, prompt: str | None, core: str,
+                   p: int) -> tuple[str, str] | None:
+    """`window_delta` with a mark `(j, p)` and new messages: `window` is the lead plus `chat[j:]`."""
+    new = render(window, False)
+    at = len(head) + len(core) - p
+    if not new.startswith(head) or not new.startswith(core[p:], len(head)):
+        return None
+    new_core = core + new[at:]
+    if not agp:
+        return new_core, new_core
+    if prompt is not None:
+        return new_core, new_core + prompt
+    with_prompt = _with_prompt(render, window, head, core, p)
+    return None if with_prompt is None else (new_core, with_prompt)

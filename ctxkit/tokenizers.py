@@ -260,16 +260,26 @@ class Tokenizer:
 
     def encode_with_offsets(self, text: str, *, at_start: bool = True) -> tuple[list[int], list[int]]:
         """`(ids, starts)`: `encode_segmented(text)` plus each token's start offset (characters) in `text`."""
-        ids: list[int] = []
-        starts: list[int] = []
         if not self.segmentable:
             if not at_start:
                 raise TokenizerError(f"{self.id}: tokenizer is not segmentable; cannot encode a continuation")
             return self._encode_piece(text, True)
+        ids, starts, _ = self.encode_with_specials(text, at_start=at_start)
+        return ids, starts
+
+    def encode_with_specials(self, text: str, *, at_start: bool = True) -> tuple[list[int], list[int], list[int]]:
+        """`(ids, starts, specials)`: `encode_with_offsets(text)` plus the positions in `ids` of the special
+        tokens, in order (a segmentable tokenizer only: they are where `split_special` cut the text)."""
+        if not self.segmentable:
+            raise TokenizerError(f"{self.id}: tokenizer is not segmentable; its special tokens are not cut out")
+        ids: list[int] = []
+        starts: list[int] = []
+        specials: list[int] = []
         first = at_start
         pos = 0
         for piece, special in self.split_special(text):
             if special:
+                specials.append(len(ids))
                 ids.append(self.special_tokens[piece])
                 starts.append(pos)
             else:
@@ -278,7 +288,7 @@ class Tokenizer:
                 starts.extend(map(pos.__add__, p_starts) if pos else p_starts)
             pos += len(piece)
             first = False
-        return ids, starts
+        return ids, starts, specials
 
     def encode_segmented(self, text: str, *, at_start: bool = True) -> list[int]:
         """Same ids as `encode(text)`, computed piece by piece with a cache (exact for segmentable tokenizers).

@@ -196,3 +196,79 @@ def test_locality_records_the_prompt_suffix():
     tok = _tok("qwen2.5-instruct")
     assert template_locality(tok, load_template(None, tok)).prompt == "<|im_start|>assistant\n"
     assert template_locality(tok, load_template("chatml-tools-v1", tok)).prompt == "<|im_start|>assistant\n"
+
+
+@pytest.mark.parametrize("name,template,family", LOCAL)
+def test_window_delta_from_a_marked_core_equals_full(name, template, family):
+    """`window_delta` with a mark `(j, len(render(chat[:j])))` renders only the window with the new messages
+    and gives what the window without a mark gives (the full renders where the check passes); a mark one
+    character off fails its check (None), never a wrong text."""
+    from ctxkit.template_locality import window_delta, window_start
+
+    tok = _tok(name)
+    tpl = load_template(template, tok)
+    rng = random.Random(f"mark-{name}-{template}")
+    checked = 0
+    for _ in range(6):
+        msgs, tools = conversation(rng, family)
+        r = IncrementalRenderer(tok, template, tools=tools)
+        r.extend(msgs)
+        chat = r._chat
+        calls = []
+
+        def full(k, agp):
+            return tpl.render_chat(chat[:k], tools=r._tools_plain, add_generation_prompt=agp)
+
+        def full_list(part, agp):
+            return tpl.render_chat(part, tools=r._tools_plain, add_generation_prompt=agp)
+
+        def counted(part, agp):
+            calls.append(len(part))
+            return tpl.render_chat(part, tools=r._tools_plain, add_generation_prompt=agp)
+
+        for m in range(4, len(chat)):
+            j = window_start(chat, m)
+            if j <= 1:
+                continue
+            core, p = full(m, False), len(full(j, False))
+            for n in range(m, min(len(chat), m + 3) + 1):
+                for agp in (False, True):
+                    calls.clear()
+                    got = window_delta(counted, chat[:n], m, core, agp, head=full(1, False), mark=(j, p))
+                    assert all(k == 1 + n - j for k in calls) and len(calls) <= (n > m) + agp
+                    # as without the mark (None where the new messages change how old ones render: a tool
+                    # result after a tool result), and then the full renders
+                    assert got == window_delta(full_list, chat[:n], m, core, agp, head=full(1, False))
+                    if got is not None:
+                        assert got == (full(n, False), full(n, agp))
+                        checked += 1
+            assert window_delta(counted, chat[: m + 1], m, core, False, head=full(1, False), mark=(j, p - 1)) is None
+    assert checked >= 20
+
+
+def test_agent_turns_render_one_window_each():
+    """In the agent loop each windowed render takes its window's old part from the previous build's core
+    (`_core_marks`): one template render per turn instead of two, with ids equal to a full render."""
+    from ctxkit.benchmarks.render_bench import build_episode
+
+    tok = _tok("qwen2.5-instruct")
+    head, steps, tools = build_episode(12, seed=1)
+    inc = IncrementalRenderer(tok, tools=tools)
+    inner, sizes = inc._render_text, []
+
+    def counted(chat, agp):
+        sizes.append(len(chat))
+        return inner(chat, agp)
+
+    inc._render_text = counted
+    inc.extend(head)
+    msgs = list(head)
+    for pair in steps:
+        inc.render(add_generation_prompt=True)
+        inc.extend(pair)
+        msgs += pair
+    assert inc.render(add_generation_prompt=True) == render(msgs, tok, tools=tools, add_generation_prompt=True)
+    assert (inc.full_renders, inc.window_renders) == (2, 11)
+    # two full renders (2 and 4 messages; the head between them, for a window too short to use), then one
+    # window of the lead + 4 messages per turn (without marks its old part was rendered too: 3 and 5)
+    assert sizes == [2, 1, 4] + [5] * 11

@@ -59,6 +59,23 @@ def test_hf_continuation_encoding(name):
     assert tok.encode_segmented(head) + tok.encode_segmented(tail, at_start=False) == full
 
 
+@pytest.mark.parametrize("name", HF_TOKENIZERS)
+def test_encode_with_specials_marks_the_special_tokens(name):
+    """`encode_with_specials` gives `encode_with_offsets`' ids and starts plus the positions of exactly the
+    special tokens it cut out, at and behind the start."""
+    tok = load_tokenizer(str(tokenizer_dir(name)))
+    rng = random.Random(f"specials-{name}")
+    specials = sorted(tok.special_tokens)[:40]
+    ids_of_specials = set(tok.special_tokens.values())
+    for text in SAMPLES + [_random_text(rng, specials) for _ in range(60)]:
+        for at_start in (True, False):
+            ids, starts, at = tok.encode_with_specials(text, at_start=at_start)
+            assert (ids, starts) == tok.encode_with_offsets(text, at_start=at_start)
+            assert at == [k for k, t in enumerate(ids) if t in ids_of_specials]
+            assert [text[starts[k]:starts[k] + len(tok.decode([ids[k]]))] for k in at] == [
+                tok.decode([ids[k]]) for k in at]
+
+
 def test_mistral_metaspace_prepends_only_at_start():
     tok = load_tokenizer(str(tokenizer_dir("mistral-7b-instruct-v0.3")))
     alone = tok.encode("hello")
