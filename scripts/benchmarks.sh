@@ -12,9 +12,9 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 rm -rf "$WORK" && mkdir -p "$WORK"
 ARMS=window,mask-observations,truncate-tool-output,mask-then-window,truncate-then-window
 echo "== bench build: synthetic episode, 200 turns, budget 16000 ($(date -u +%FT%TZ))"
-ctxkit bench build --turns 200 --budget 16000 --repeats 3 --compressors "$ARMS,mask-observations-v2,truncate-tool-output-v2"
+ctxkit bench build --turns 200 --budget 16000 --repeats 3 --compressors "$ARMS,mask-then-window-v2,truncate-then-window-v2,mask-observations-v2,truncate-tool-output-v2"
 echo "== bench build: every file of ../shared/trajectories at 50 % of each episode"
-ctxkit bench build --trajectories --compressors "$ARMS"
+ctxkit bench build --trajectories --compressors "$ARMS,mask-then-window-v2,truncate-then-window-v2"
 echo "== bench render: 200 turns"
 ctxkit bench render --turns 200 --repeats 3
 echo "== bench log: 20,000 events, fsync 500"
