@@ -167,3 +167,21 @@ class SpecialTokenError(MessageFormatError):
 def _rebuild_special_error(text: str, message_index: int, role: str, token: str, char: int) -> "SpecialTokenError":
     """Unpickle a `SpecialTokenError`."""
     return SpecialTokenError(text, message_index=message_index, role=role, token=token, char=char)
+
+
+class LogForkedError(LogLockedError):
+    """An `EventLog` handle used in a process forked from the one that opened it (`os.fork`, a multiprocessing
+    worker started by `fork`): the parent still owns the handle (its locks and its buffered events), so in the
+    child it writes nothing and refuses appends. Open the log again in the child. `path` names the log and
+    `holder` the parent (`"pid 123"`)."""
+
+    def __reduce__(self):
+        return _rebuild_forked_error, (str(self), self.path, self.holder)
+
+
+def _rebuild_forked_error(text: str, path, holder) -> "LogForkedError":
+    """Unpickle a `LogForkedError` without adding its path prefix twice."""
+    exc = LogForkedError.__new__(LogForkedError)
+    Exception.__init__(exc, text)
+    exc.path, exc.holder = path, holder
+    return exc

@@ -43,6 +43,13 @@ With `lock="writer"` one handle owns the log from open (or create) to close: it 
 SIGKILL release it (the kernel drops flocks). Readers never wait on a writer for more than a line in flight
 (`ctxkit.log_locks.wait_in_flight`), in either mode.
 
+Fork (`os.fork`, a multiprocessing worker started by `fork`): an open handle stays its opener's. In the forked
+child an inherited handle writes nothing: its buffered lines are dropped there (the parent writes them), its
+descriptors are closed without unlocking what the parent holds, and `append`, `extend`, `flush` and
+`refresh` raise `LogForkedError` (a `LogLockedError`) saying to open the log again in the child; `events()`
+still gives the events the parent had recorded at the fork, and `close` is a no-op. A log opened anew in the
+child is an ordinary writer, excluded from the parent's writes by the locks above.
+
 L1: imports L0 (`events`, `errors`), `logfile`, `log_locks`, `log_stamp`, `log_writer` and `conversation`.
 """
 
@@ -57,7 +64,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
 from ctxkit.conversation import export_conversation, export_messages, import_conversation, load_conversation
-from ctxkit.errors import ConfigError
+from ctxkit.errors import ConfigError, LogForkedError
 from ctxkit.events import Event
 from ctxkit.logfile import (
     HEADER_KEY,
@@ -74,7 +81,7 @@ from ctxkit.logfile import (
     torn_problem,
     verify,
 )
-from ctxkit.log_locks import LOCK_MODES, WriterLock, wait_in_flight, write_lock
+from ctxkit.log_locks import LOCK_MODES, WriterLock, guard_fork, unguard_fork, wait_in_flight, write_lock
 from ctxkit.log_stamp import stamp, stamp_line, stamp_lines
 from ctxkit.log_writer import create_file, read_appended, write_all
 
@@ -169,6 +176,8 @@ class EventLog:
         self._buffer = bytearray()  # durability "none": lines written at flush/close/refresh (lock held)
         self._unbuffered: tuple[int, str] = (len(self._events), self._last_hash)
         self._fd: int | None = held[0] if held else os.open(path, os.O_RDWR | os.O_APPEND)
+        self._forked_from: int | None = None  # in a forked child: the parent's pid (the handle is the parent's)
+        guard_fork(self, EventLog._in_forked_child)
 
     @staticmethod
     def _check_modes(durability: str, lock: str) -> None:
@@ -351,6 +360,7 @@ class EventLog:
                 if self.durability != "none":
                     os.fsync(self._fd)
             finally:
+                unguard_fork(self)
                 self._lock.close()
                 os.close(self._fd)
                 self._fd = None
@@ -372,7 +382,30 @@ class EventLog:
 
     def _check_open(self) -> None:
         if self._fd is None:
+            if self._forked_from is not None:
+                raise LogForkedError(f"this handle was inherited from pid {self._forked_from} through a fork "
+                                     f"and stays that process's (its lock and buffered events): it writes nothing "
+                                     f"in process {os.getpid()}; open the log again here (EventLog.open)",
+                                     path=str(self.path), holder=f"pid {self._forked_from}")
             raise ConfigError(f"{self.path}: the log is closed")
+
+    def _in_forked_child(self) -> None:
+        """Right after a fork, in the child (`guard_fork`): give up the inherited handle without touching what
+        the parent owns: drop the buffer (the parent writes it), close the child's descriptor copies with no
+        unlock, and refuse writes from now on (`LogForkedError`)."""
+        self._mutex = threading.RLock()  # another thread of the parent may have held it at the fork
+        self._forked_from = os.getppid()
+        self._buffer = bytearray()
+        holder = _HOLDERS.get(self._lock.key)
+        if holder is not None and holder() is self:
+            del _HOLDERS[self._lock.key]
+        self._lock.drop_inherited()
+        if self._fd is not None:
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
+            self._fd = None
 
     def _acquire(self) -> None:
         """Take the writers' lock. A handle of this process holding it with buffered lines is made to write

@@ -28,9 +28,10 @@ from __future__ import annotations
 import os
 import socket
 import time
+import weakref
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import orjson
 
@@ -51,8 +52,33 @@ IN_FLIGHT_WAIT_S = 2.0
 """How long a reader re-reads a tail without a newline while a writer holds the lock, before it reports the
 tail as in flight or torn."""
 
-__all__ = ["IN_FLIGHT_WAIT_S", "LOCK_MODES", "WriterLock", "in_flight_wait_s", "lock_path", "wait_in_flight",
-           "write_lock"]
+__all__ = ["IN_FLIGHT_WAIT_S", "LOCK_MODES", "WriterLock", "guard_fork", "in_flight_wait_s", "lock_path",
+           "unguard_fork", "wait_in_flight", "write_lock"]
+
+_FORK_GUARDS: "weakref.WeakKeyDictionary[Any, Callable[[Any], None]]" = weakref.WeakKeyDictionary()
+
+
+def guard_fork(handle: Any, in_child: Callable[[Any], None]) -> None:
+    """Call `in_child(handle)` in every process forked from this one while `handle` is alive and not
+    `unguard_fork`ed (weakly held: the registry keeps no handle alive). `in_child` must not lock or write what
+    the parent still owns; it runs in the child right after the fork, with only that thread running."""
+    _FORK_GUARDS[handle] = in_child
+
+
+def unguard_fork(handle: Any) -> None:
+    """Stop `guard_fork`ing `handle` (at close). Fine for a handle never guarded."""
+    _FORK_GUARDS.pop(handle, None)
+
+
+def _after_fork_in_child() -> None:
+    guards = list(_FORK_GUARDS.items())
+    _FORK_GUARDS.clear()  # the child's own handles register anew
+    for handle, in_child in guards:
+        in_child(handle)
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def in_flight_wait_s() -> float:
@@ -173,6 +199,17 @@ class WriterLock:
             self._fallback.release()
         elif self._fd is not None:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def drop_inherited(self) -> None:
+        """In a forked child: close the child's copy of the descriptor, with no `LOCK_UN` and without clearing
+        the holder record, since the description (and its lock) is the parent's too. Later `acquire`s open
+        the lock file anew: a description of the child's own, which excludes the parent."""
+        if self._fd is not None:
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
+        self._fd, self._marked, self._fallback = None, False, None
 
     def close(self) -> None:
         """Close the descriptor (which releases the lock if held), clearing a `writer` handle's record of
