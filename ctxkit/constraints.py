@@ -43,7 +43,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
-__all__ = ["ABBREVIATIONS", "RuleSet", "RULES_V2", "split_sentences", "classify", "code_spans"]
+__all__ = ["ABBREVIATIONS", "KINDS", "RuleSet", "RULES_V2", "split_sentences", "classify", "code_spans"]
 
 ABBREVIATIONS = ("e.g.", "i.e.", "vs.", "cf.", "al.", "approx.", "Mr.", "Mrs.", "Ms.", "Dr.", "Prof.",
                  "St.", "Jr.", "Sr.", "No.", "Fig.", "U.S.", "U.K.", "a.m.", "p.m.")
@@ -173,22 +173,60 @@ def _prepare(sentence: str) -> str:
     return text.replace("’", "'").strip()
 
 
+# Per pattern above, literals (lower case) of which every match contains at least one: an ASCII sentence
+# holding none of a pattern's literals cannot match it, so the regex search (slow where a pattern starts
+# with `_LEAD` or `\b`, tried at every position) is skipped. Only ASCII text is filtered this way: there
+# `str.lower` is exactly the case folding of `re.IGNORECASE`.
+_NEEDS = {
+    "prohibition": (
+        ("do not", "don't", "don’t", "never", "avoid"),
+        ("must not", "mustn't", "should not", "shouldn't", "shall not", "may not", "cannot", "can't", "can not",
+         "not allowed to", "not permitted to", "are never", "should never", "must never"),
+        ("but",),
+        ("cannot", "can't", "can not", "must not", "mustn't", "may not"),
+    ),
+    "limit": (
+        ("at most", "more than", "up to", "maximum of", "at least", "fewer than", "less than", "minimum of", "exactly"),
+        ("keep", "stay"),
+        ("only",),
+        ("only",),
+        ("only",),
+        ("only", "alone"),
+        ("at a time",),
+        ("your task is to", "your job is to", "your goal is to"),
+    ),
+    "obligation": (
+        ("always", "ensure", "be sure to", "remember to"),
+        ("make sure",),
+        ("must", "should", "shall", "need to", "needs to", "have to", "has to", "required to", "expected to"),
+        ("every", "each"),
+        ("must",),
+        ("require",),
+    ),
+}
+KINDS = tuple((kind, pats, tuple(zip(pats, _NEEDS[kind])))
+              for kind, pats in (("prohibition", _PROHIBITION), ("limit", _LIMIT), ("obligation", _OBLIGATION)))
+"""The classifier's patterns: `(kind, patterns, ((pattern, literals one of which every match holds), ...))`,
+in priority order."""
+
+
 def _search(patterns: tuple[re.Pattern[str], ...], text: str) -> bool:
     return any(p.search(text) for p in patterns)
 
 
-def classify(sentence: str) -> str | None:
-    """The constraint kind of one sentence under `constraint-rules-v2` (see the module docstring), or None."""
+def classify(sentence: str, *, prefilter: bool = True) -> str | None:
+    """The constraint kind of one sentence under `constraint-rules-v2` (see the module docstring), or None.
+    `prefilter=False` searches every pattern (the same answer, slower: what the prefilter is tested against)."""
     raw = sentence.strip()
     if not raw or raw.endswith("?") or _TOOL_DOC.match(raw) or _HEADING.match(raw):
         return None
     text = _prepare(raw)
-    if _search(_PROHIBITION, text):
-        return "prohibition"
-    if _search(_LIMIT, text):
-        return "limit"
-    if _search(_OBLIGATION, text):
-        return "obligation"
+    if not (prefilter and text.isascii()):
+        return next((kind for kind, pats, _ in KINDS if _search(pats, text)), None)
+    low = text.lower()
+    for kind, _, filtered in KINDS:
+        if any(any(k in low for k in need) and p.search(text) for p, need in filtered):
+            return kind
     return None
 
 

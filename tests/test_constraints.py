@@ -195,3 +195,26 @@ def test_v2_meets_the_goal_on_the_labelled_set():
     assert res["dev"]["precision"] >= 0.9 and res["dev"]["recall"] >= 0.8
     assert res["heldout"]["recall"] >= 0.8 and res["heldout"]["precision"] >= 0.75  # below the goal: see the README
     assert res["all"]["precision"] > v1["all"]["precision"] and res["all"]["recall"] >= v1["all"]["recall"]
+
+
+# ------------------------------------------------------------------------------------- the literal prefilter
+
+def test_prefiltered_classify_equals_every_pattern_searched():
+    from ctxkit.constraints import KINDS
+
+    records = _eval_module().load_labelled()
+    sentences = [r["sentence"] for r in records]
+    tricky = ["YOU MUST NOT DELETE FILES.", "Never  push.", "Only   reply in JSON.", "You mu\u017ft answer.",
+              "Do not use the \u017fhell.", "You \u017fhould never run it.", "Keep it under five lines.",
+              "You can edit files but not tests.", "AT MOST 3 calls.", "One tool at a time."]
+    variants = [v for s in sentences + tricky for v in (s, s.upper(), s.lower(), s.replace("s", "\u017f"))]
+    got = [classify(s) for s in variants]
+    assert got == [classify(s, prefilter=False) for s in variants]
+    assert sum(k is not None for k in got) > 400  # the comparison covers many directives of every kind
+    assert {k for k in got} == {None, "prohibition", "limit", "obligation"}
+    # every literal of a pattern's prefilter occurs in the pattern's source (lower-cased)
+    for _kind, _pats, filtered in KINDS:
+        for pattern, needs in filtered:
+            for literal in needs:
+                words = literal.replace("’", "'").split()
+                assert all(w in pattern.pattern.lower() for w in words), (pattern.pattern, literal)
