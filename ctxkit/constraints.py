@@ -167,9 +167,13 @@ _OBLIGATION = (
 )
 
 
+_EMPHASIS = re.compile(r"(?<![\w])[_*]+(\w[^_*]*?)[_*]+(?![\w])")  # _ONE_, *SINGLE*, **bold**
+
+
 def _prepare(sentence: str) -> str:
-    text = _INLINE_CODE.sub(" CODE ", sentence)
-    text = re.sub(r"(?<![\w])[_*]+(\w[^_*]*?)[_*]+(?![\w])", r"\1", text)  # _ONE_, *SINGLE*, **bold**
+    text = _INLINE_CODE.sub(" CODE ", sentence) if "`" in sentence else sentence
+    if "_" in text or "*" in text:
+        text = _EMPHASIS.sub(r"\1", text)
     return text.replace("’", "'").strip()
 
 
@@ -204,10 +208,11 @@ _NEEDS = {
         ("require",),
     ),
 }
-KINDS = tuple((kind, pats, tuple(zip(pats, _NEEDS[kind])))
+KINDS = tuple((kind, pats, tuple(zip(pats, map(frozenset, _NEEDS[kind]))))
               for kind, pats in (("prohibition", _PROHIBITION), ("limit", _LIMIT), ("obligation", _OBLIGATION)))
 """The classifier's patterns: `(kind, patterns, ((pattern, literals one of which every match holds), ...))`,
 in priority order."""
+_LITERALS = tuple(sorted({k for needs in _NEEDS.values() for need in needs for k in need if k.isascii()}))
 
 
 def _search(patterns: tuple[re.Pattern[str], ...], text: str) -> bool:
@@ -224,9 +229,13 @@ def classify(sentence: str, *, prefilter: bool = True) -> str | None:
     if not (prefilter and text.isascii()):
         return next((kind for kind, pats, _ in KINDS if _search(pats, text)), None)
     low = text.lower()
+    present = {k for k in _LITERALS if k in low}
+    if not present:
+        return None
     for kind, _, filtered in KINDS:
-        if any(any(k in low for k in need) and p.search(text) for p, need in filtered):
-            return kind
+        for p, need in filtered:
+            if not need.isdisjoint(present) and p.search(text):
+                return kind
     return None
 
 
