@@ -136,7 +136,7 @@ class ContextBuilder:
         self._scanned = 0
         self._seen_pins: set[str] = set()
         self._prefix_cache: dict[tuple, int] = {}
-        self._decoded: dict[tuple[int, ...], str] = {}  # span ids -> decoded text, for check_pins
+        self._pin_cache = PinCheckCache()  # for check_pins
 
     # ------------------------------------------------------------------------------------- describe
 
@@ -232,7 +232,7 @@ class ContextBuilder:
         check_pairing(view, pending_before=pending_before,
                       problems=self._state.pairing_problems() if compaction is None else None)
         rendered = self._renderer.render(view)
-        ctx = _finish(view, rendered, self.tokenizer, budget, (), truncated, self._decoded)
+        ctx = _finish(view, rendered, self.tokenizer, budget, (), truncated, self._pin_cache)
         if ctx.n_tokens > budget and not truncated:
             raise BudgetError(
                 f"context is {ctx.n_tokens} tokens of the final render, over the budget of {budget} "
@@ -364,8 +364,8 @@ def check_pairing(view: View, *, pending_before: Sequence[str] | None = None,
 
 
 def _finish(view: View, rendered: Any, tok: Any, budget: int | None, appended: tuple[str, ...], truncated: bool,
-            decoded: dict | None = None) -> BuiltContext:
-    checked = check_pins(view, rendered, tok, decoded)
+            pin_cache: PinCheckCache | None = None) -> BuiltContext:
+    checked = check_pins(view, rendered, tok, pin_cache)
     ids = tuple(rendered.token_ids)
     return BuiltContext(
         token_ids=ids, loss_mask=tuple(rendered.loss_mask), view=view, rendered=rendered, hash=rendered.hash,
@@ -373,21 +373,54 @@ def _finish(view: View, rendered: Any, tok: Any, budget: int | None, appended: t
     )
 
 
-def check_pins(view: View, rendered: Any, tok: Any, decoded: dict | None = None) -> tuple[str, ...]:
+class PinCheckCache:
+    """What `check_pins` keeps between the builds of one builder: the decoded text of recent message spans
+    (by their ids) with the pin texts found in each, and which message objects hold which pin texts."""
+
+    def __init__(self) -> None:
+        self.decoded: dict[tuple[int, ...], tuple[str, dict[str, bool]]] = {}
+        """Span ids -> (their decoded text, pin text -> whether the text holds it)."""
+        self.holds: dict[tuple[int, str], tuple[Any, bool]] = {}
+        """(id of a `ViewMessage`, pin text) -> (the message, kept so the id stays its own; whether its content
+        holds the text)."""
+
+    def message_holds(self, m: Any, text: str) -> bool:
+        """`text in m.content`, kept by message object (a `ViewMessage` is frozen)."""
+        key = (id(m), text)
+        got = self.holds.get(key)
+        if got is None or got[0] is not m:
+            if len(self.holds) >= 8192:
+                self.holds.clear()
+            got = self.holds[key] = (m, text in m.content)
+        return got[1]
+
+
+def check_pins(view: View, rendered: Any, tok: Any, cache: PinCheckCache | None = None) -> tuple[str, ...]:
     """Verify every active pin verbatim in the decoded context; returns the pin ids checked.
 
     Decodes only the span of the message holding the pin when the renderer reports spans (each span once,
     however many pins it holds), the whole context otherwise (or when the span does not show it, e.g. a
-    template that moves messages). `decoded`: a dict the caller keeps between calls, mapping a span's ids
-    (a tuple) to their decoded text, so an unchanged message is not decoded again at the next build."""
+    template that moves messages). `cache`: a `PinCheckCache` the caller keeps between calls, so an unchanged
+    message is neither searched for a pin's text nor decoded again at the next build."""
     checked: list[str] = []
     full: str | None = None
     spans = getattr(rendered, "spans", ())
     by_index: dict | None = None  # index -> its (last) span, made only when spans are not one per message in order
-    memo: dict = {} if decoded is None else decoded
-    texts: dict[int, str] = {}  # view message index -> its decoded span, this build
+    cache = PinCheckCache() if cache is None else cache
+    memo, holds = cache.decoded, cache.holds
+    if len(holds) >= 8192:
+        holds.clear()
+    msgs = view.messages
+    texts: dict[int, tuple[str, dict[str, bool]]] = {}  # view message index -> its decoded span, this build
     for pin in view.active_pins:
-        where = next((i for i, m in enumerate(view.messages) if pin.text in m.content), None)
+        where = None
+        for i, m in enumerate(msgs):  # the first message holding the text (`PinCheckCache.message_holds`, inlined)
+            got = holds.get((id(m), pin.text))
+            if got is None or got[0] is not m:
+                got = holds[(id(m), pin.text)] = (m, pin.text in m.content)
+            if got[1]:
+                where = i
+                break
         ok = False
         span = None
         if where is not None:
@@ -399,15 +432,18 @@ def check_pins(view: View, rendered: Any, tok: Any, decoded: dict | None = None)
                     by_index = {sp.index: sp for sp in spans}
                 span = by_index.get(where)
         if span is not None:
-            text = texts.get(where)
-            if text is None:
+            got = texts.get(where)
+            if got is None:
                 s = span
                 key = tuple(rendered.token_ids[s.start:s.end])
-                text = memo.pop(key, None)  # re-inserted: the dict keeps the most recently used spans last
-                if text is None:
-                    text = tok.decode(key)
-                memo[key] = texts[where] = text
-            ok = pin.text in text
+                got = memo.pop(key, None)  # re-inserted: the dict keeps the most recently used spans last
+                if got is None:
+                    got = (tok.decode(key), {})
+                memo[key] = texts[where] = got
+            text, found = got
+            ok = found.get(pin.text)
+            if ok is None:
+                ok = found[pin.text] = pin.text in text
         if not ok:
             if full is None:
                 full = tok.decode(rendered.token_ids)
@@ -417,7 +453,7 @@ def check_pins(view: View, rendered: Any, tok: Any, decoded: dict | None = None)
                 f"pin {pin.pin_id} (event {pin.id}, rule {pin.rule}) is not verbatim in the built context: {pin.text!r}"
             )
         checked.append(pin.pin_id)
-    if decoded is not None and len(decoded) > 256:  # keep the spans of the last builds only
-        for key in list(decoded)[: len(decoded) - 128]:
-            del decoded[key]
+    if len(memo) > 256:  # keep the spans of the last builds only
+        for key in list(memo)[: len(memo) - 128]:
+            del memo[key]
     return tuple(checked)

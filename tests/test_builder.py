@@ -198,6 +198,36 @@ def test_a_template_that_hides_the_pinned_block_fails_the_pin_check(tmp_path, to
         ContextBuilder(tok, template=str(path), budget=4000).build(log)
 
 
+def test_a_kept_pin_check_cache_gives_the_uncached_answers(tmp_path, tok, tpl):
+    # the cache keeps decoded spans by their ids and pin texts by message object: a render that no longer
+    # shows a pin (the same view, a template that hides the pinned block) must fail although the cache saw
+    # the pin verbatim in the first render
+    from ctxkit.builder import PinCheckCache, check_pins
+    from ctxkit.render_cache import RenderCache
+    from ctxkit.templates import load_template
+    from ctxkit.view import build_view
+
+    path = tmp_path / "drops-late-system.jinja"
+    path.write_text(
+        "{%- for m in messages -%}{%- if m.role != 'system' or loop.first -%}"
+        "<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{%- endif -%}{%- endfor -%}"
+        "{%- if add_generation_prompt -%}<|im_start|>assistant\n{%- endif -%}"
+    )
+    log = MemoryLog()
+    log.extend([Message(role="system", content="Be brief. Do not guess."), Message(role="user", content="hi"),
+                Pin(pin_id="p", text="Never share secrets.", rule="explicit"),
+                Pin(pin_id="q", text="Do not guess.", rule="explicit")])
+    view = build_view(log)
+    cache = PinCheckCache()
+    good = RenderCache(tok, tpl).render(view)
+    for _ in range(2):
+        assert check_pins(view, good, tok, cache) == check_pins(view, good, tok) == ("p", "q")
+    assert len(cache.decoded) == 2 and set(cache.holds.values()) >= {(view.messages[0], True)}
+    hidden = RenderCache(tok, load_template(str(path), tok)).render(view)
+    with pytest.raises(PinViolationError, match=r"pin p .*'Never share secrets.'"):
+        check_pins(view, hidden, tok, cache)
+
+
 def test_two_builders_on_the_same_log_agree_and_a_new_log_resets_state(tok):
     logs = [MemoryLog(), MemoryLog()]
     for log in logs:
