@@ -95,6 +95,12 @@ BUFFER_BYTES = 1 << 20
 
 _now = time.time
 _SEEK_END = os.SEEK_END
+_lseek, _write_fd = os.lseek, os.write
+try:
+    from fcntl import LOCK_EX, LOCK_NB, LOCK_UN, flock as _flock
+    _EX_NB = LOCK_EX | LOCK_NB
+except ImportError:  # pragma: no cover - not POSIX: `WriterLock` falls back to filelock
+    _flock, _EX_NB, LOCK_UN = None, 0, 0  # type: ignore[assignment]
 _HOLDERS: dict[str, "weakref.ref[EventLog]"] = {}  # lock file -> this process's handle buffering under it
 
 __all__ = ["DURABILITY_MODES", "HEADER_KEY", "LOCK_MODES", "EventLog", "MemoryLog", "Problem", "RepairReport", "VerifyReport",
@@ -176,6 +182,7 @@ class EventLog:
         self._buffer = bytearray()  # durability "none": lines written at flush/close/refresh (lock held)
         self._unbuffered: tuple[int, str] = (len(self._events), self._last_hash)
         self._fd: int | None = held[0] if held else os.open(path, os.O_RDWR | os.O_APPEND)
+        self._lock_fd: int | None = None  # lock="append": `<log>.lock`'s descriptor once a write opened it
         self._forked_from: int | None = None  # in a forked child: the parent's pid (the handle is the parent's)
         guard_fork(self, EventLog._in_forked_child)
 
@@ -309,30 +316,33 @@ class EventLog:
             fd = self._fd
             if fd is None or self.durability == "none":
                 return self._write([event], sync=False)[0]
-            if self._owner:  # lock="writer": the log is ours alone, our offset is its end
-                return self._write_line(fd, event)
-            lock = self._lock  # `always` and `batch`: one event, written before returning, under the lock
-            if not lock.try_acquire_fast():
-                self._wait_for_lock()
+            owner = self._owner  # lock="writer": the log is ours alone, our offset is its end: no lock
+            lfd = self._lock_fd  # lock="append": `always` and `batch` write one event under the lock
+            if lfd is None and not owner:
+                lfd = self._lock_fd = self._lock.descriptor()
+                if lfd is None:  # pragma: no cover - no fcntl: the general path
+                    return self._write([event], sync=self.durability == "always")[0]
+            if not owner:  # the `WriterLock`'s flock, taken and released inline (the hot path)
+                try:
+                    _flock(lfd, _EX_NB)
+                except BlockingIOError:
+                    self._wait_for_lock()
             try:
-                if os.lseek(fd, 0, _SEEK_END) != self._offset:
+                if not owner and _lseek(fd, 0, _SEEK_END) != self._offset:
                     self._sync_tail()  # another process appended (or left a torn tail)
-                return self._write_line(fd, event)
+                recorded, line, digest = stamp_line(event, len(self._events), _now(), self._last_hash)
+                if _write_fd(fd, line) != len(line):  # a short write (a signal, a full disk): the rest, or undo
+                    self._write_rest(line)
+                if self.durability == "always":
+                    os.fsync(fd)
+                self._offset += len(line)
+                self._events.append(recorded)
+                self._last_hash = digest
+                self._cache = None
+                return recorded
             finally:
-                lock.release()
-
-    def _write_line(self, fd: int, event: Event) -> Event:
-        """Stamp one event and write its line with one `write` (`always`: and fsync it); the tail is ours."""
-        recorded, line, digest = stamp_line(event, len(self._events), _now(), self._last_hash)
-        if os.write(fd, line) != len(line):  # a short write (a signal, a full disk): write the rest or undo
-            self._write_rest(line)
-        if self.durability == "always":
-            os.fsync(fd)
-        self._offset += len(line)
-        self._events.append(recorded)
-        self._last_hash = digest
-        self._cache = None
-        return recorded
+                if not owner:
+                    _flock(lfd, LOCK_UN)
 
     def extend(self, events: Iterable[Event]) -> list[Event]:
         """Append several events in one write, never split by another writer (and one fsync in `always` and
@@ -361,6 +371,7 @@ class EventLog:
                     os.fsync(self._fd)
             finally:
                 unguard_fork(self)
+                self._lock_fd = None
                 self._lock.close()
                 os.close(self._fd)
                 self._fd = None
@@ -390,15 +401,14 @@ class EventLog:
             raise ConfigError(f"{self.path}: the log is closed")
 
     def _in_forked_child(self) -> None:
-        """Right after a fork, in the child (`guard_fork`): give up the inherited handle without touching what
-        the parent owns: drop the buffer (the parent writes it), close the child's descriptor copies with no
-        unlock, and refuse writes from now on (`LogForkedError`)."""
+        """In a forked child (`guard_fork`): drop the buffer, close our descriptor copies (no unlock), refuse writes."""
         self._mutex = threading.RLock()  # another thread of the parent may have held it at the fork
         self._forked_from = os.getppid()
         self._buffer = bytearray()
         holder = _HOLDERS.get(self._lock.key)
         if holder is not None and holder() is self:
             del _HOLDERS[self._lock.key]
+        self._lock_fd = None
         self._lock.drop_inherited()
         if self._fd is not None:
             try:

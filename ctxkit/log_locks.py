@@ -128,15 +128,14 @@ class WriterLock:
             return False
         return True
 
-    def try_acquire_fast(self) -> bool:
-        """`acquire(blocking=False)` in one system call once the descriptor is open (the append hot path)."""
-        if self._fd is None or fcntl is None:
-            return self.acquire(blocking=False)
-        try:
-            fcntl.flock(self._fd, _EX_NB)
-        except BlockingIOError:
-            return False
-        return True
+    def descriptor(self) -> int | None:
+        """The lock file's descriptor, opened (creating the file) if needed and kept until `close`, for a caller
+        that `flock`s it directly on its hot path; None where `fcntl` is missing (use `acquire`/`release`)."""
+        if fcntl is None:  # pragma: no cover - not POSIX
+            return None
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        return self._fd
 
     def wait(self, log_fd: int | None) -> None:
         """Take the lock for an `append` writer, waiting for other `append` writers (each holds it for one
