@@ -156,3 +156,43 @@ def test_log_forked_error_is_a_log_locked_error_and_pickles():
     assert isinstance(exc, LogLockedError) and str(exc) == "/x/ep.jsonl: open the log again"
     back = pickle.loads(pickle.dumps(exc))
     assert type(back) is LogForkedError and str(back) == str(exc) and (back.path, back.holder) == (exc.path, exc.holder)
+
+
+_INHERITED: dict[str, EventLog] = {}
+
+
+def _rollout_worker(path: str, durability: str, lock: str) -> None:
+    """A multiprocessing worker (start method `fork`): the inherited log refuses, a fresh one appends."""
+    try:
+        _INHERITED["log"].append(_msg("inherited"))
+    except LogForkedError:
+        pass
+    else:
+        os._exit(3)
+    with EventLog.open(path, durability=durability, lock=lock, lock_timeout=30.0) as log:
+        log.append(_msg(f"worker {os.getpid()}"))
+
+
+@pytest.mark.parametrize("durability,lock", [("none", "append"), ("batch", "append"), ("batch", "writer")])
+def test_multiprocessing_fork_workers_open_their_own_log(tmp_path, durability, lock):
+    """The RL rollout case: workers forked with an open log. Each worker's events land once, after the
+    parent's (which are written once, by the parent), in a valid chain."""
+    import multiprocessing
+
+    path = tmp_path / "ep.jsonl"
+    log = _INHERITED["log"] = EventLog.create(path, episode_id="ep", durability=durability, lock=lock)
+    try:
+        log.extend([_msg("p0"), _msg("p1")])
+        ctx = multiprocessing.get_context("fork")
+        workers = [ctx.Process(target=_rollout_worker, args=(str(path), durability, lock)) for _ in range(3)]
+        for w in workers:
+            w.start()
+        log.close()  # lock="writer": the workers wait for it (lock_timeout); durability none: writes p0, p1
+        for w in workers:
+            w.join(60)
+        assert [w.exitcode for w in workers] == [0, 0, 0]
+    finally:
+        _INHERITED.clear()
+    contents = [e.content for e in read_events(path)]
+    assert contents[:2] == ["p0", "p1"] and sorted(contents[2:]) == sorted(f"worker {w.pid}" for w in workers)
+    assert verify(path).ok
