@@ -137,6 +137,10 @@ class ContextBuilder:
         self._seen_pins: set[str] = set()
         self._prefix_cache: dict[tuple, int] = {}
         self._pin_cache = PinCheckCache()  # for check_pins
+        # Renders the fixed prefix (`_check_reserved`) apart from the views, incrementally: a new pin changes
+        # only the pinned block. It shares the segment ids of the main cache (same tokenizer and template).
+        self._prefix_renderer = RenderCache(self.tokenizer, self.template, size=2, special_tokens=self.special_tokens)
+        self._prefix_renderer.segments = self._renderer.segments
 
     # ------------------------------------------------------------------------------------- describe
 
@@ -293,7 +297,7 @@ class ContextBuilder:
         if size is None:
             # pins not verbatim in the leading system messages go to the pinned block
             prefix_view = make_view(lead, view.tools, view.active_pins, view.upto_seq)
-            size = len(self._renderer.render(prefix_view, cache=False).token_ids)
+            size = len(self._prefix_renderer.render(prefix_view).token_ids)
             self._prefix_cache[key] = size
         if size > budget:
             pin_tokens = sum(self.tokenizer.count(p.text) for p in view.active_pins)
