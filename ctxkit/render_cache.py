@@ -25,12 +25,18 @@ from ctxkit.view import View, ViewMessage
 def shared_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
     """How many leading items `a` and `b` share (the same object or equal)."""
     n = min(len(a), len(b))
-    if n and (a[n - 1] is b[n - 1] or a[n - 1] == b[n - 1]) and all(x is y or x == y for x, y in zip(a, b)):
+    if type(a) is not type(b) or not isinstance(a, (tuple, list)):
+        a, b = list(a), list(b)
+    if not n or a[:n] == b[:n]:  # compared in C, identity first (as `x is y or x == y`)
         return n
-    for i in range(n):
-        if not (a[i] is b[i] or a[i] == b[i]):
-            return i
-    return n
+    lo, hi = 0, n - 1  # a[:lo] == b[:lo], the first difference in [lo, hi]: bisect on slices compared in C
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def shared_suffix(a: Sequence[Any], b: Sequence[Any], limit: int) -> int:

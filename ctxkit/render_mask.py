@@ -75,7 +75,8 @@ class TurnLabeller:
         """Update the regions for `text`; return the char offset from which labels must be redone."""
         gp = self._profile.generation_prompt
         mode = "turns"
-        if self._structural_ok and text.count(gp) == self._n_assistant + (1 if agp and text.endswith(gp) else 0):
+        found = self._count_prompts(text, stable) if gp else -1  # counted every render: `_gp_at` follows the text
+        if self._structural_ok and found == self._n_assistant + (1 if agp and text.endswith(gp) else 0):
             mode = "structural"
         tail = self.shifted_tail()  # a kept tail's old regions (`SuffixSplice`), or None
         if mode != self._mode:
@@ -95,6 +96,7 @@ class TurnLabeller:
             while pos and regions[pos - 1].index >= keep:
                 pos -= 1
         del regions[pos:], pmax[pos:]
+        self._new_at = pos  # regions before it were labelled by an earlier render (`_relabel`)
         self._span_dirty = min(self._span_dirty, pos)
         del unresolved[bisect.bisect_left(unresolved, keep) :]
         cursor = max((r.end for r in regions[-3:] if not (r.index == 0 and r.role == "system")), default=0)
@@ -111,7 +113,7 @@ class TurnLabeller:
             self._tail_labels = None
             self._mode = "turns"
             del regions[:], pmax[:], unresolved[:]
-            self._span_dirty = 0
+            self._span_dirty = self._new_at = 0
             new, relabel_from = [], 0
             self._locate_from(text, 0, 0, "turns", new)
         top = pmax[-1] if pmax else 0
@@ -124,6 +126,18 @@ class TurnLabeller:
             self._final = TextRegion(len(text) - len(gp), len(text), "generation_prompt", -1, "header")
         self._located = len(self._chat)
         return relabel_from
+
+    def _count_prompts(self, text: str, stable: int) -> int:
+        """`text.count(generation_prompt)`, rescanning only from char `stable` (`text[:stable]` is the last
+        counted text's): the occurrences wholly before it are kept from the last count (`_gp_at`)."""
+        gp, at = self._profile.generation_prompt, self._gp_at
+        del at[bisect.bisect_right(at, stable - len(gp)) :]
+        pos = at[-1] + len(gp) if at else 0
+        find = text.find
+        while (pos := find(gp, pos)) >= 0:  # left to right, not overlapping: as `str.count`
+            at.append(pos)
+            pos += len(gp)
+        return len(at)
 
     def _locate_from(self, text: str, first: int, cursor: int, mode: str, out: list[TextRegion],
                      stop: int | None = None) -> int:
@@ -256,7 +270,7 @@ class TurnLabeller:
             self._roles.extend(["scaffold"] * (n - t0))
             self._mask.extend([0] * (n - t0))
         todo = self._regions[first:upto] + ([self._final] if self._final is not None else [])
-        for r in self._regions[:first]:
+        for r in self._regions[min(self._new_at, first) : first]:  # those before `_new_at` were labelled
             if r.tokens is None:  # pragma: no cover - every kept region was labelled before
                 todo.insert(0, r)
         for r in todo:

@@ -98,6 +98,8 @@ class IncrementalRenderer(TurnLabeller, PrefixCut, SuffixSplice, OutputAssembly)
         self._prefix_max: list[int] = []  # running max of region ends (monotonic, for bisect)
         self._final: TextRegion | None = None  # the trailing generation prompt, if rendered
         self._located = 0  # messages whose regions are in self._regions (in order)
+        self._new_at = 0  # regions[:i] kept from an earlier render by the last `_locate`
+        self._gp_at: list[int] = []  # generation-prompt positions in the last located text (`_count_prompts`)
         self._unresolved: list[int] = []  # messages whose text was not found in the last render
         self._n_assistant, self._any_sampled = 0, False
         self._hash_cp: tuple[int, Any] = (0, hashlib.sha256(b"ctxkit-context-v1"))
@@ -283,6 +285,7 @@ class IncrementalRenderer(TurnLabeller, PrefixCut, SuffixSplice, OutputAssembly)
         self._ids, self._starts, self._sp_ends, self._sp_tok = [], [], [], []
         self._regions, self._prefix_max, self._unresolved = [], [], []
         self._final, self._located, self._mode, self._core = None, 0, "", None
+        self._new_at, self._gp_at = 0, []
         self._hash_cp = (0, hashlib.sha256(b"ctxkit-context-v1"))
         self._subs, self._out, self._out_at = [], ([], [], []), 0
         self._span_list, self._span_at, self._span_dirty = [], [0], 0

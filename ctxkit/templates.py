@@ -49,8 +49,13 @@ def _sha256(text: str) -> str:
 def plain_value(value: Any, where: str) -> Any:
     """`value` rebuilt from plain JSON types (str, int, float, bool, None, dict, list, tuple), so no
     rich object reaches the sandbox; anything else is a `TemplateError` naming `where`."""
-    if value is None or type(value) in (str, int, float, bool):
+    kind = type(value)
+    if value is None or kind is str or kind is int or kind is float or kind is bool:
         return value
+    if kind is dict:  # the common containers first: `isinstance(value, Mapping)` is an ABC check
+        return {plain_value(k, where): plain_value(v, where) for k, v in value.items()}
+    if kind is list:
+        return [plain_value(v, where) for v in value]
     if isinstance(value, str):
         return str.__str__(value)
     if isinstance(value, bool):
