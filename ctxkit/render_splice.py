@@ -172,8 +172,13 @@ class SuffixSplice:
 
         def wanted(i: int) -> bool:  # the indexes `splice_text` may look up
             return a - back <= i <= a or b <= i <= b + self._reach + 8
+        # only the regions of those messages and of the ones just before them count (regions are in index order)
+        regions = self._regions
+        near = [r for lo, hi in ((a - back - 1, a), (b - 1, b + self._reach + 8))
+                for r in regions[bisect.bisect_left(regions, lo, key=_region_index):
+                                 bisect.bisect_right(regions, hi, key=_region_index)]]
         return SpliceHint(self._text, tuple(self._chat), self._last_agp,
-                          opener_positions(self._text, opener, self._regions, wanted))
+                          opener_positions(self._text, opener, near, wanted))
 
     def splice(self, a: int, s: int, block: Sequence[tuple[Any, Any]],
                tail: Callable[[], Sequence[tuple[Any, Any]]]) -> None:
