@@ -84,6 +84,10 @@ def int32_bytes(ids: Sequence[int]) -> bytes:
     return struct.pack(f"<{len(ids)}i", *ids)
 
 
+HASH_STEP = 256
+"""Tokens between two checkpoints of `OutputAssembly._hash`."""
+
+
 @dataclass(slots=True)
 class Sub:
     """One sampled turn's ids put in place of its rendered ids (kept between renders)."""
@@ -241,13 +245,20 @@ class OutputAssembly:
         )
 
     def _hash(self, token_ids: tuple[int, ...], changed: int) -> str:
-        """`context_hash(token_ids)`, resuming from a checkpoint over the unchanged prefix."""
-        n_cp, h_cp = self._hash_cp
-        if n_cp > changed:
-            n_cp, h_cp = 0, hashlib.sha256(b"ctxkit-context-v1")
-        h = h_cp.copy()
-        if changed > n_cp:
-            h.update(int32_bytes(token_ids[n_cp:changed]))
-        self._hash_cp = (changed, h.copy())
-        h.update(int32_bytes(token_ids[changed:]))
+        """`context_hash(token_ids)`, resuming from the latest checkpoint at or before `changed` (the first
+        token that may differ from the last output). Checkpoints (`_hash_cp`) are kept every `HASH_STEP`
+        tokens, so a build hashes at most that many unchanged tokens again (one after a compaction too)."""
+        cps = self._hash_cp
+        while cps and cps[-1][0] > changed:
+            cps.pop()
+        n, h = cps[-1] if cps else (0, None)
+        h = hashlib.sha256(b"ctxkit-context-v1") if h is None else h.copy()
+        end = len(token_ids)
+        step = (n // HASH_STEP + 1) * HASH_STEP
+        while step <= end:
+            h.update(int32_bytes(token_ids[n:step]))
+            n = step
+            cps.append((n, h.copy()))
+            step += HASH_STEP
+        h.update(int32_bytes(token_ids[n:end]))
         return h.hexdigest()

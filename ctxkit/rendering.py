@@ -37,7 +37,6 @@ role; default escapes tool content) and every occurrence is reported in `special
 from __future__ import annotations
 
 import bisect
-import hashlib
 from dataclasses import replace
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -102,7 +101,7 @@ class IncrementalRenderer(TurnLabeller, PrefixCut, SuffixSplice, OutputAssembly)
         self._gp_at: list[int] = []  # generation-prompt positions in the last located text (`_count_prompts`)
         self._unresolved: list[int] = []  # messages whose text was not found in the last render
         self._n_assistant, self._any_sampled = 0, False
-        self._hash_cp: tuple[int, Any] = (0, hashlib.sha256(b"ctxkit-context-v1"))
+        self._hash_cp: list[tuple[int, Any]] = []  # (n, hash state of the output's first n ids), by n (`_hash`)
         self._mode = ""
         # windowed text rendering (templates found local by `template_locality`)
         locality = self._profile.locality
@@ -286,7 +285,7 @@ class IncrementalRenderer(TurnLabeller, PrefixCut, SuffixSplice, OutputAssembly)
         self._regions, self._prefix_max, self._unresolved = [], [], []
         self._final, self._located, self._mode, self._core = None, 0, "", None
         self._new_at, self._gp_at = 0, []
-        self._hash_cp = (0, hashlib.sha256(b"ctxkit-context-v1"))
+        self._hash_cp = []
         self._subs, self._out, self._out_at = [], ([], [], []), 0
         self._span_list, self._span_at, self._span_dirty = [], [0], 0
         # `SuffixSplice` hints: each holds for the render that set it only

@@ -174,3 +174,38 @@ def test_a_token_shared_by_two_contents_keeps_its_first_label_in_both_paths(poli
     assert inc.render() == full
     shared = next(i for i, t in enumerate(full.token_ids) if tok.decode([t]) == ":\n")
     assert full.roles[shared] == "tool"
+
+
+def test_hash_resumes_from_checkpoints_over_long_contexts():
+    """The context hash is resumed from checkpoints every `HASH_STEP` tokens: over a context of many steps,
+    with appends, cuts back to an earlier message and sampled ids, every render's hash equals
+    `context_hash` of its ids, and a fresh full render's."""
+    from ctxkit.render_output import HASH_STEP
+
+    tok = load_tokenizer(str(tokenizer_dir("qwen2.5-instruct")))
+    rng = random.Random("hash-checkpoints")
+    msgs = [{"role": "system", "content": "You are terse."}]
+    for i in range(40):
+        msgs.append({"role": "user", "content": " ".join(f"word{rng.randint(0, 999)}" for _ in range(rng.randint(5, 120)))})
+        reply = {"role": "assistant", "content": f"reply {i} " + "ok " * rng.randint(1, 40)}
+        if i % 3 == 0:
+            reply["token_ids"] = list(encode_assistant_turn(reply, tok))
+        msgs.append(reply)
+    inc = IncrementalRenderer(tok)
+    longest = 0
+    k = 0
+    while k < len(msgs):
+        inc.append(msgs[k])
+        k += 1
+        if k > 8 and rng.random() < 0.15:  # forget a few messages and append them again
+            back = rng.randint(1, 6)
+            inc.cut(k - back)
+            k -= back
+            continue
+        agp = rng.random() < 0.5
+        got = inc.render(add_generation_prompt=agp)
+        assert got.hash == context_hash(got.token_ids), k
+        if rng.random() < 0.2:
+            assert got == render(msgs[:k], tok, add_generation_prompt=agp), k
+        longest = max(longest, len(got))
+    assert longest > 8 * HASH_STEP

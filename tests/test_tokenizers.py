@@ -76,6 +76,31 @@ def test_encode_with_specials_marks_the_special_tokens(name):
                 tok.decode([ids[k]]) for k in at]
 
 
+@pytest.mark.parametrize("name", HF_TOKENIZERS)
+def test_encode_with_specials_equals_the_library_offsets(name):
+    """ASCII texts holding special tokens (taken in one library call where the tokenizer is a byte-level BPE):
+    `encode_with_specials` gives the library's own ids and character starts, at the start and, behind a
+    special token, as a continuation (the ids and starts the same text has after `abc`)."""
+    tok = load_tokenizer(str(tokenizer_dir(name)))
+    rng = random.Random(f"whole-{name}")
+    specials = sorted(tok.special_tokens)[:40]
+    alphabet = "abc XYZ 123 \n\t.,;:!?'\"{}[]<>|/_-~"
+    for _ in range(120):
+        parts = [rng.choice(specials) if rng.random() < 0.35 else
+                 "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 30))) for _ in range(rng.randint(1, 10))]
+        text = "".join(parts)
+        enc = tok.backend.encode(text, add_special_tokens=False)
+        ids, starts, at = tok.encode_with_specials(text)
+        assert (ids, starts) == (enc.ids, [a for a, _ in enc.offsets]), text
+        assert at == [k for k, t in enumerate(ids) if t in set(tok.special_tokens.values())]
+        cont = rng.choice(specials) + text
+        whole = tok.backend.encode("abc" + cont, add_special_tokens=False)
+        k = len(tok.backend.encode("abc", add_special_tokens=False).ids)
+        ids, starts, _ = tok.encode_with_specials(cont, at_start=False)
+        assert ids == whole.ids[k:], cont
+        assert starts == [a - 3 for a, _ in whole.offsets[k:]], cont
+
+
 def test_mistral_metaspace_prepends_only_at_start():
     tok = load_tokenizer(str(tokenizer_dir("mistral-7b-instruct-v0.3")))
     alone = tok.encode("hello")
