@@ -14,9 +14,10 @@ Version 3 reads the same facts off the render the builder already has (`Compress
   less the in-context counts of the masked messages plus the placeholders' counts (no scaffold term, pins
   or not); as in version 2, only candidates estimated to fit, and the last, are measured.
 - `truncate-tool-output-v3`: an output fits when its in-context count is at most `max_tokens`. A longer one
-  is cut from its in-context ids: the kept head and tail are decoded from tokens wholly inside the text
-  (a straddling edge token is left out; each part is checked to be a literal prefix or suffix of the
-  output), the marker's `n_cut` is the in-context count less the kept tokens, and only the short composed
+  is cut from its in-context ids: the kept head and tail are decoded from them (a token straddling the
+  text's edge, merged with the template's text around it, is left out and the few characters of the text
+  it held are kept with the part, up to `EDGE_CHARS`; each part is checked to be a literal prefix or suffix
+  of the output), the marker's `n_cut` is the in-context count less the kept tokens, and only the short composed
   text is counted with the real tokenizer, shrinking the kept part until it is at most `max_tokens` tokens:
   the cap stays exact. Where the ids cannot be used (no span for the message, or its decoded tokens do not
   reproduce the text) the output is cut as version 2 cuts it.
@@ -160,23 +161,38 @@ def _parts(tokenizer: Any, content: str, ids: Sequence[int], room: int, keep: st
     return ["", text], used
 
 
+EDGE_CHARS = 16
+"""How far (in characters) a kept part decoded from behind a straddling edge token may start after the text's
+start (head) or end before its end (tail); the characters between are kept with it."""
+
+
 def _head(tokenizer: Any, content: str, ids: Sequence[int], k: int) -> tuple[str, int] | None:
-    """The first `k` tokens (or `k` after a straddling first token) as a literal prefix of `content`."""
-    for skip in (0, 1):
-        text, used = _decode_clean(tokenizer, ids[skip:skip + k])
-        if text and content.startswith(text):
-            return text, used
-    return None
+    """The first `k` tokens as a literal prefix of `content`: `ids[:k]` decoded, or, when the first token
+    straddles the text's start (a token merged with the template's text before it), `ids[1:k + 1]` decoded
+    and extended back to the text's start."""
+    text, used = _decode_clean(tokenizer, ids[:k])
+    if text and content.startswith(text):
+        return text, used
+    text, used = _decode_clean(tokenizer, ids[1:k + 1])
+    at = content.find(text, 0, EDGE_CHARS + len(text)) if text else -1
+    if at < 0:
+        return None
+    return content[:at + len(text)], used + (at > 0)
 
 
 def _tail(tokenizer: Any, content: str, ids: Sequence[int], k: int) -> tuple[str, int] | None:
-    """The last `k` tokens (or `k` before a straddling last token) as a literal suffix of `content`."""
+    """The last `k` tokens as a literal suffix of `content`: `ids[-k:]` decoded, or, when the last token
+    straddles the text's end (merged with the template's text after it, e.g. `",\n"`), the `k` tokens
+    before it decoded and extended to the text's end."""
     n = len(ids)
-    for skip in (0, 1):
-        text, used = _decode_clean(tokenizer, ids[max(0, n - skip - k):n - skip])
-        if text and content.endswith(text):
-            return text, used
-    return None
+    text, used = _decode_clean(tokenizer, ids[max(0, n - k):])
+    if text and content.endswith(text):
+        return text, used
+    text, used = _decode_clean(tokenizer, ids[max(0, n - 1 - k):n - 1])
+    at = content.rfind(text, max(0, len(content) - len(text) - EDGE_CHARS)) if text else -1
+    if at < 0:
+        return None
+    return content[at:], used + (at + len(text) < len(content))
 
 
 def _decode_clean(tokenizer: Any, ids: Sequence[int]) -> tuple[str, int]:
