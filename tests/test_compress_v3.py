@@ -159,3 +159,24 @@ EXPECTED_PLACEHOLDERS_V2 = EXPECTED_PLACEHOLDERS  # here every output's in-conte
 EXPECTED_CUT = [("e4-3b7d79b6",
                  "schema2 worker3 value4 record\n[... 215 tokens of e4-3b7d79b6 truncated ...]\n8 state79 cache80")]
 EXPECTED_N_CUT = 5  # outputs of 229, 54, 102, 175 and 116 tokens; the one of 33 fits
+
+
+@pytest.mark.parametrize("keep", KEEPS)
+def test_a_cut_keeps_its_parts_behind_a_token_straddling_the_edge(keep):
+    """In a render the output's last token may merge with the template's text after it (Qwen2.5: `",\\n"`):
+    the parts are still cut from the ids (version 2's standalone encode, the fallback, is not needed: before
+    the fix `cut_in_context` returned None for `tail` and `head_tail` here), the tail extended to the
+    output's end, and the whole fits the cap."""
+    from ctxkit.compressor_check import episode_text
+
+    t = tok("qwen2.5-instruct")
+    content = "{" + episode_text(300, 5) + ","
+    ids = t.encode("\n" + content + "\n")  # the template's newlines around the output
+    assert t.decode(ids[-1:]) == ",\n"  # straddles the end
+    out = cut_in_context(t, content, ids, 64, keep, "e9")
+    assert out is not None and t.count(out) <= 64
+    parts = re.split(r"\[\.\.\. \d+ tokens of e9 truncated \.\.\.\]", out)
+    if keep in ("head", "head_tail"):
+        assert parts[0].endswith("\n") and content.startswith(parts[0][:-1]) and len(parts[0]) > 20
+    if keep in ("tail", "head_tail"):
+        assert parts[-1].startswith("\n") and content.endswith(parts[-1][1:]) and parts[-1].endswith(",")
