@@ -60,12 +60,12 @@ class LogLockedError(CtxkitError):
         self.path, self.holder = path, holder
 
     def __reduce__(self):
-        return _rebuild_locked_error, (str(self), self.path, self.holder)
+        return _rebuild_locked_error, (str(self), self.path, self.holder, type(self))
 
 
-def _rebuild_locked_error(text: str, path, holder) -> "LogLockedError":
-    """Unpickle a `LogLockedError` without adding its path prefix twice."""
-    exc = LogLockedError.__new__(LogLockedError)
+def _rebuild_locked_error(text: str, path, holder, cls: type | None = None) -> "LogLockedError":
+    """Unpickle a `LogLockedError` (or a subclass, `cls`) without adding its path prefix twice."""
+    exc = (cls or LogLockedError).__new__(cls or LogLockedError)
     Exception.__init__(exc, text)
     exc.path, exc.holder = path, holder
     return exc
@@ -174,14 +174,3 @@ class LogForkedError(LogLockedError):
     worker started by `fork`): the parent still owns the handle (its locks and its buffered events), so in the
     child it writes nothing and refuses appends. Open the log again in the child. `path` names the log and
     `holder` the parent (`"pid 123"`)."""
-
-    def __reduce__(self):
-        return _rebuild_forked_error, (str(self), self.path, self.holder)
-
-
-def _rebuild_forked_error(text: str, path, holder) -> "LogForkedError":
-    """Unpickle a `LogForkedError` without adding its path prefix twice."""
-    exc = LogForkedError.__new__(LogForkedError)
-    Exception.__init__(exc, text)
-    exc.path, exc.holder = path, holder
-    return exc

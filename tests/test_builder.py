@@ -182,15 +182,22 @@ def test_explicit_pin_unpin_and_pinned_block(tok):
     assert ctx.pins_checked == () and all(m.provenance.how != "pinned" for m in ctx.view.messages)
 
 
-def test_a_template_that_hides_the_pinned_block_fails_the_pin_check(tmp_path, tok):
-    # a real template that renders only the first system message, so the pinned block (a later system
-    # message) never reaches the context: the build must fail, not silently drop the constraint
-    path = tmp_path / "drops-late-system.jinja"
+def write_template_hiding_late_system(folder):
+    """A real template file that renders only the first system message (a later one, the pinned block,
+    never reaches the context)."""
+    path = folder / "drops-late-system.jinja"
     path.write_text(
         "{%- for m in messages -%}{%- if m.role != 'system' or loop.first -%}"
         "<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{%- endif -%}{%- endfor -%}"
         "{%- if add_generation_prompt -%}<|im_start|>assistant\n{%- endif -%}"
     )
+    return path
+
+
+def test_a_template_that_hides_the_pinned_block_fails_the_pin_check(tmp_path, tok):
+    # a real template that renders only the first system message, so the pinned block (a later system
+    # message) never reaches the context: the build must fail, not silently drop the constraint
+    path = write_template_hiding_late_system(tmp_path)
     log = MemoryLog()
     log.extend([Message(role="system", content="s"), Message(role="user", content="hi"),
                 Pin(pin_id="p", text="Never share secrets.", rule="explicit")])
@@ -207,12 +214,7 @@ def test_a_kept_pin_check_cache_gives_the_uncached_answers(tmp_path, tok, tpl):
     from ctxkit.templates import load_template
     from ctxkit.view import build_view
 
-    path = tmp_path / "drops-late-system.jinja"
-    path.write_text(
-        "{%- for m in messages -%}{%- if m.role != 'system' or loop.first -%}"
-        "<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{%- endif -%}{%- endfor -%}"
-        "{%- if add_generation_prompt -%}<|im_start|>assistant\n{%- endif -%}"
-    )
+    path = write_template_hiding_late_system(tmp_path)
     log = MemoryLog()
     log.extend([Message(role="system", content="Be brief. Do not guess."), Message(role="user", content="hi"),
                 Pin(pin_id="p", text="Never share secrets.", rule="explicit"),

@@ -46,6 +46,18 @@ def test_window_path_taken_and_exact(name, template, family):
     assert windowed >= 10
 
 
+def run_agent_loop(inc, tok, head, steps, tools) -> None:
+    """The benchmark's agent loop on `inc` (render with the prompt, then append a call + result pair); the
+    last render must equal a full one."""
+    inc.extend(head)
+    msgs = list(head)
+    for pair in steps:
+        inc.render(add_generation_prompt=True)
+        inc.extend(pair)
+        msgs += pair
+    assert inc.render(add_generation_prompt=True) == render(msgs, tok, tools=tools, add_generation_prompt=True)
+
+
 def test_window_path_taken_every_agent_turn_qwen():
     """The agent loop of the benchmark (assistant tool call + tool result, render with the prompt):
     full renders while the conversation is too short for a window (system + user), then only windows."""
@@ -54,13 +66,7 @@ def test_window_path_taken_every_agent_turn_qwen():
     tok = _tok("qwen2.5-instruct")
     head, steps, tools = build_episode(12, seed=1)
     inc = IncrementalRenderer(tok, tools=tools)
-    inc.extend(head)
-    msgs = list(head)
-    for pair in steps:
-        inc.render(add_generation_prompt=True)
-        inc.extend(pair)
-        msgs += pair
-    assert inc.render(add_generation_prompt=True) == render(msgs, tok, tools=tools, add_generation_prompt=True)
+    run_agent_loop(inc, tok, head, steps, tools)
     assert (inc.full_renders, inc.window_renders) == (2, 11)
 
 
@@ -261,13 +267,7 @@ def test_agent_turns_render_one_window_each():
         return inner(chat, agp)
 
     inc._render_text = counted
-    inc.extend(head)
-    msgs = list(head)
-    for pair in steps:
-        inc.render(add_generation_prompt=True)
-        inc.extend(pair)
-        msgs += pair
-    assert inc.render(add_generation_prompt=True) == render(msgs, tok, tools=tools, add_generation_prompt=True)
+    run_agent_loop(inc, tok, head, steps, tools)
     assert (inc.full_renders, inc.window_renders) == (2, 11)
     # two full renders (2 and 4 messages; the head between them, for a window too short to use), then one
     # window of the lead + 4 messages per turn (without marks its old part was rendered too: 3 and 5)
