@@ -388,16 +388,6 @@ class PinCheckCache:
         """(id of a `ViewMessage`, pin text) -> (the message, kept so the id stays its own; whether its content
         holds the text)."""
 
-    def message_holds(self, m: Any, text: str) -> bool:
-        """`text in m.content`, kept by message object (a `ViewMessage` is frozen)."""
-        key = (id(m), text)
-        got = self.holds.get(key)
-        if got is None or got[0] is not m:
-            if len(self.holds) >= 8192:
-                self.holds.clear()
-            got = self.holds[key] = (m, text in m.content)
-        return got[1]
-
 
 def check_pins(view: View, rendered: Any, tok: Any, cache: PinCheckCache | None = None) -> tuple[str, ...]:
     """Verify every active pin verbatim in the decoded context; returns the pin ids checked.
@@ -418,7 +408,7 @@ def check_pins(view: View, rendered: Any, tok: Any, cache: PinCheckCache | None 
     texts: dict[int, tuple[str, dict[str, bool]]] = {}  # view message index -> its decoded span, this build
     for pin in view.active_pins:
         where = None
-        for i, m in enumerate(msgs):  # the first message holding the text (`PinCheckCache.message_holds`, inlined)
+        for i, m in enumerate(msgs):  # the first message holding the text, by `PinCheckCache.holds`
             got = holds.get((id(m), pin.text))
             if got is None or got[0] is not m:
                 got = holds[(id(m), pin.text)] = (m, pin.text in m.content)

@@ -208,6 +208,9 @@ _NEEDS = {
         ("require",),
     ),
 }
+for _kind, _pats in (("prohibition", _PROHIBITION), ("limit", _LIMIT), ("obligation", _OBLIGATION)):
+    if len(_NEEDS[_kind]) != len(_pats):  # zip below would silently leave a pattern unsearched
+        raise RuntimeError(f"constraints: {_kind} has {len(_pats)} patterns but {len(_NEEDS[_kind])} literal sets in _NEEDS")
 KINDS = tuple((kind, pats, tuple(zip(pats, map(frozenset, _NEEDS[kind]))))
               for kind, pats in (("prohibition", _PROHIBITION), ("limit", _LIMIT), ("obligation", _OBLIGATION)))
 """The classifier's patterns: `(kind, patterns, ((pattern, literals one of which every match holds), ...))`,
