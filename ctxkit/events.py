@@ -18,6 +18,7 @@ L0: imports nothing from ctxkit but `errors`.
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping, Union
 
@@ -106,13 +107,20 @@ class ToolCall:
         """The arguments as JSON text: verbatim when given as text, else the object serialized."""
         if isinstance(self.arguments, str):
             return self.arguments
-        import json
-
         return json.dumps(self.arguments, ensure_ascii=False)
 
     def to_openai(self) -> dict[str, Any]:
         """The OpenAI wire shape `{"id", "type": "function", "function": {"name", "arguments"}}`."""
         return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+    def __hash__(self) -> int:
+        # Object arguments are dicts, which do not hash: hash their canonical JSON, so a call (and every
+        # frozen record holding one, such as a view message keying a render cache) is hashable either way.
+        # Equal calls hash equal: equal objects have equal canonical JSON.
+        arguments = self.arguments
+        if not isinstance(arguments, str):
+            arguments = ("object", json.dumps(arguments, sort_keys=True, ensure_ascii=False, default=repr))
+        return hash((self.id, self.name, arguments))
 
 
 @dataclass(frozen=True, kw_only=True)
