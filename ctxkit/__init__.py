@@ -1,18 +1,18 @@
 """ctxkit: context management and compression for agent RL training.
 
 Heavy dependencies (torch, transformers, faiss, sentence-transformers) load only when used, so
-`import ctxkit` stays fast. Public names resolve lazily from the module listed in `_PUBLIC`.
+`import ctxkit` stays fast. Public names resolve lazily from the module listed in `_PUBLIC` (each also on its package's face:
+`ctxkit.log`, `ctxkit.text`, `ctxkit.context`, `ctxkit.training`).
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from ctxkit.registry import lazy_face
 
 __version__ = "0.1.0"
 
 _PUBLIC: dict[str, str] = {
-    # L0
+    # L0 (events, errors)
     "CtxkitError": "ctxkit.errors",
     "SCHEMA_VERSION": "ctxkit.events",
     "EpisodeStart": "ctxkit.events",
@@ -25,46 +25,33 @@ _PUBLIC: dict[str, str] = {
     "Compaction": "ctxkit.events",
     "StateSnapshot": "ctxkit.events",
     "EpisodeEnd": "ctxkit.events",
-    # L1
-    "EventLog": "ctxkit.log",
-    "MemoryLog": "ctxkit.log",
-    "iter_events": "ctxkit.log",
-    "load_tokenizer": "ctxkit.tokenizers",
-    "load_template": "ctxkit.templates",
-    "read_episodes": "ctxkit.importers",
-    "check_template": "ctxkit.template_check",
-    # L2
-    "View": "ctxkit.view",
-    "build_view": "ctxkit.view",
-    "make_compressor": "ctxkit.compress",
-    # L3
-    "ContextBuilder": "ctxkit.builder",
-    "check_compressor": "ctxkit.compressor_check",
-    "render": "ctxkit.rendering",
-    "IncrementalRenderer": "ctxkit.rendering",
-    "RenderedContext": "ctxkit.rendering",
-    "context_hash": "ctxkit.rendering",
-    "encode_assistant_turn": "ctxkit.rendering",
-    "samples": "ctxkit.training_samples",
-    "compressed_samples": "ctxkit.training_samples",
-    "add_offline_steps": "ctxkit.offline_steps",
-    "replay": "ctxkit.log_replay",
-    "resume": "ctxkit.log_replay",
+    # log/
+    "EventLog": "ctxkit.log.event_log",
+    "MemoryLog": "ctxkit.log.event_log",
+    "iter_events": "ctxkit.log.event_log",
+    "read_episodes": "ctxkit.log.importers",
+    # text/
+    "load_tokenizer": "ctxkit.text.tokenizer.loader",
+    "load_template": "ctxkit.text.template.chat_template",
+    "check_template": "ctxkit.text.template.check",
+    "render": "ctxkit.text.rendering.renderer",
+    "IncrementalRenderer": "ctxkit.text.rendering.renderer",
+    "RenderedContext": "ctxkit.text.rendering.renderer",
+    "context_hash": "ctxkit.text.rendering.renderer",
+    "encode_assistant_turn": "ctxkit.text.rendering.renderer",
+    # context/
+    "View": "ctxkit.context.view",
+    "build_view": "ctxkit.context.view",
+    "make_compressor": "ctxkit.context.compress",
+    "ContextBuilder": "ctxkit.context.builder",
+    "check_compressor": "ctxkit.context.compressor_check",
+    # training/
+    "samples": "ctxkit.training.episode_samples",
+    "compressed_samples": "ctxkit.training.episode_samples",
+    "add_offline_steps": "ctxkit.training.offline_steps",
+    "replay": "ctxkit.training.context_replay",
+    "resume": "ctxkit.training.context_replay",
 }
 
 __all__ = sorted(_PUBLIC) + ["__version__"]
-
-
-def __getattr__(name: str) -> Any:
-    module = _PUBLIC.get(name)
-    if module is None:
-        raise AttributeError(f"module 'ctxkit' has no attribute {name!r}")
-    # No public name is also a submodule's name (the modules are `rendering`, `training_samples`,
-    # `log_replay`), so importing any submodule never rebinds a public function to a module.
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_face(__name__, _PUBLIC)

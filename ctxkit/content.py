@@ -1,4 +1,4 @@
-"""The one content rule: what a message's `content` may be and the text it stands for (Layer L0).
+"""The one content rule: what a message's `content` may be and the text it stands for.
 
 A content is a string, None (no text) or a list of text parts `{"type": "text", "text": str}` (other keys
 of a part, e.g. `cache_control`, are ignored). Its text is the parts' texts joined with no separator.

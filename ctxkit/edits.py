@@ -1,6 +1,6 @@
-"""Typed compaction edits: what a `Compaction` event records about how it changed the view (L0).
+"""Typed compaction edits: what a `Compaction` event records about how it changed the view.
 
-One frozen dataclass per edit kind, tagged by its `kind`. `ctxkit.view` applies them; compressors build
+One frozen dataclass per edit kind, tagged by its `kind`. `ctxkit.context.view` applies them; compressors build
 them. On disk (and in `event_to_dict`) an edit is a JSON object whose `"op"` key holds the kind, exactly
 the shape logs have always used, so old logs load, replay and keep their event ids and line hashes:
 
@@ -17,8 +17,6 @@ reads back to the same bytes). The pinned block is derived from `Pin` events, ne
 
 Every record validates its fields at construction (`LogFormatError` naming the field), and
 `edit_from_dict` names the known kinds for an unknown `op`.
-
-L0: imports nothing from ctxkit but `errors`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,4 @@
 """Typed errors. Every failure ctxkit reports on bad input is a `CtxkitError` naming what and where.
-
-L0: imports nothing from ctxkit.
 """
 
 from __future__ import annotations

@@ -11,8 +11,6 @@ reaches a log: `Message.role` (`ROLES`), `Step.logprob_kind` (`LOGPROB_KINDS` or
 (`FINISH_REASONS` or None), `ToolResult.status` (`TOOL_STATUSES`), `EpisodeEnd.outcome` (`END_OUTCOMES`) and
 `EpisodeEnd.reward_kind` (`REWARD_KINDS`). A bad value is an `EventFormatError` naming the field, the value
 and the allowed ones; `event_from_dict` turns it into a `LogFormatError` (the log reader adds file and line).
-
-L0: imports nothing from ctxkit but `errors`.
 """
 
 from __future__ import annotations
@@ -36,7 +34,7 @@ LogprobKind = Literal["raw", "processed", "recomputed", "none"]
 """Which distribution a log-prob is from: `raw` model softmax at temperature 1, `processed` after the
 sampling transforms (temperature, top-k/top-p/min-p) that sampling actually used, `recomputed` by a
 trainer's forward pass. `none` states that no behaviour log-probs exist: an offline step made from a
-saved trajectory (`ctxkit.offline_steps`), whose `logprobs` are None by construction; such steps serve
+saved trajectory (`ctxkit.training.offline_steps`), whose `logprobs` are None by construction; such steps serve
 supervised training, not importance-weighted RL (a live step without log-probs leaves the kind None)."""
 
 LOGPROB_KINDS: tuple[str, ...] = LogprobKind.__args__  # type: ignore[attr-defined]
@@ -268,7 +266,7 @@ class Compaction(EventBase):
     """The compressor's parameters."""
     edits: tuple[Edit, ...] = ()
     """Edits to the view, typed records from `ctxkit.edits` (`DropEdit`, `MaskEdit`, ...), applied in order by
-    `ctxkit.view`. Given as JSON objects `{"op": kind, ...}` (the on-disk shape), they are read into records;
+    `ctxkit.context.view`. Given as JSON objects `{"op": kind, ...}` (the on-disk shape), they are read into records;
     an unknown kind is a `LogFormatError` naming the known ones."""
     details: Mapping[str, Any] = field(default_factory=dict)
     """Provenance: summarizer id/version, retrieval scores, token counts before/after."""

@@ -23,8 +23,8 @@ echo "== ctxkit render wall time, 5 runs"
 for _ in 1 2 3 4 5; do
     /usr/bin/time -f "%e s" ctxkit render examples/agent_episode.json --tokenizer ../shared/tokenizers/qwen2.5-instruct > /dev/null
 done
-echo "== import ctxkit, ctxkit.cli (-X importtime: the cumulative microseconds of each, and their sum)"
-python -X importtime -c "import ctxkit, ctxkit.cli" 2>&1 | awk -F'|' '$3 ~ /^ ctxkit(\.cli)?$/ {print; s += $2} END {print "total us:", s}'
+echo "== import ctxkit, ctxkit.cli.parser (-X importtime: the cumulative microseconds of each, and their sum)"
+python -X importtime -c "import ctxkit, ctxkit.cli.parser" 2>&1 | awk -F'|' '$3 ~ /^ ctxkit(\.cli)?$/ {print; s += $2} END {print "total us:", s}'
 echo "== summarize/retrieve build time per quickstart episode: cold embedding cache, then warm"
 ctxkit ablate experiments/summarize_retrieve.toml --out "$WORK/sr-cold" --no-progress | tail -1
 mkdir -p "$WORK/sr-warm/cache" && cp -r "$WORK/sr-cold/cache/embeddings" "$WORK/sr-warm/cache/"

@@ -162,7 +162,7 @@ def evaluate(detector_name: str, records: list[dict[str, Any]] | None = None, sh
 
     Groups: `all`, `dev`, `heldout`, and `source:<name>` for each source."""
     sys.path.insert(0, str(ROOT))
-    from ctxkit.pins import get_detector
+    from ctxkit.context.pins import get_detector
 
     det = get_detector(detector_name)
     records = load_labelled() if records is None else records
@@ -216,7 +216,7 @@ def main(argv: list[str]) -> int:
             print(json.dumps(row, ensure_ascii=False))
         return 0
     sys.path.insert(0, str(ROOT))
-    from ctxkit.pins import DETECTORS
+    from ctxkit.context.pins import DETECTORS
 
     records = load_labelled()
     n = len(records)

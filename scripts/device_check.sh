@@ -80,9 +80,9 @@ else
         --episodes "$EPISODES" --steps "$STEPS" --temperature 1.0 --max-new-tokens 32 --threads 8
     LOGS=("$OUT"/logs-llama-t1/*.jsonl)
 fi
-stage mismatch-float32 "$PY" -m ctxkit.cli mismatch "${LOGS[@]}" --model default --device "$DEV" --dtype float32 \
+stage mismatch-float32 "$PY" -m ctxkit.cli.parser mismatch "${LOGS[@]}" --model default --device "$DEV" --dtype float32 \
     --json "$OUT/mismatch-float32.json"
-stage mismatch-bfloat16 "$PY" -m ctxkit.cli mismatch "${LOGS[@]}" --model default --device "$DEV" --dtype bfloat16 \
+stage mismatch-bfloat16 "$PY" -m ctxkit.cli.parser mismatch "${LOGS[@]}" --model default --device "$DEV" --dtype bfloat16 \
     --json "$OUT/mismatch-bfloat16.json"
 CTXKIT_TRAIN_DEVICE=$DEV stage "trl-$DEV" "$PY" -m pytest -q -p no:cacheprovider --durations=5 tests/test_integrations_trl.py
 stage reference-step "$PY" -m pytest -q -p no:cacheprovider --durations=5 tests/test_train.py

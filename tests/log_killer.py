@@ -12,7 +12,7 @@ import hashlib
 _WRITER = r"""
 import hashlib, sys
 from ctxkit.events import ToolResult
-from ctxkit.log import EventLog
+from ctxkit.log.event_log import EventLog
 
 def body(seq):
     unit = f"{seq}:{hashlib.sha256(str(seq).encode()).hexdigest()};"

@@ -83,7 +83,7 @@ class Driver:
         return {"role": "assistant", "content": f"Done: {t} findings recorded in notes.txt."}
 
     def take_step(self, log, builder, t: int) -> str:
-        from ctxkit.rendering import encode_assistant_turn
+        from ctxkit.text.rendering.renderer import encode_assistant_turn
 
         ctx = builder.build(log)
         msg = self.message(t)
@@ -115,7 +115,7 @@ class Driver:
             self.snapshot(log)
 
     def snapshot(self, log) -> None:
-        from ctxkit.state import DirectoryState, record_snapshot
+        from ctxkit.log.state import DirectoryState, record_snapshot
 
         record_snapshot(log, DirectoryState(self.workdir), name="workdir")
 

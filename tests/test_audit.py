@@ -12,10 +12,10 @@ import pytest
 from conftest import tokenizer_dir
 from rollout_driver import Driver
 from test_replay import flip, rechain
-from ctxkit.audit import CHECKS, audit
-from ctxkit.builder import ContextBuilder
-from ctxkit.cli import main
-from ctxkit.log import EventLog
+from ctxkit.training.preflight import CHECKS, audit
+from ctxkit.context.builder import ContextBuilder
+from ctxkit.cli.parser import main
+from ctxkit.log.event_log import EventLog
 
 N_TURNS = 6
 
@@ -175,8 +175,8 @@ def test_raw_edit_and_missing_blob(clean, tmp_path):
     sub = tmp_path / "blob"
     sub.mkdir()
     path = copy_log(clean, sub)
-    from ctxkit.log import read_events
-    from ctxkit.state import BlobStore
+    from ctxkit.log.event_log import read_events
+    from ctxkit.log.state import BlobStore
 
     snap = [e for e in read_events(path) if e.kind == "state_snapshot"][-1]
     BlobStore.for_log(path).path_of(snap.manifest_sha256).unlink()
@@ -195,7 +195,7 @@ def test_raw_logprobs_under_top_p_is_a_warning_not_a_failure(clean, tmp_path):
 
 
 def test_figures_are_exact(clean, tmp_path):
-    from ctxkit.log import read_events
+    from ctxkit.log.event_log import read_events
 
     steps = [e for e in read_events(clean) if e.kind == "step"]
     n_gen = sum(len(s.token_ids) for s in steps)

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import require_module, tokenizer_dir
 from ctxkit.benchmarks.workload import BUDGET_STEP, percentile, summarize_times
-from ctxkit.cli import main
+from ctxkit.cli.parser import main
 
 TIMING_KEYS = {"total_s", "p50_ms", "p90_ms", "p99_ms", "max_ms", "decisions"}
 LANGCHAIN = "langchain trim_messages + apply_chat_template"
@@ -83,8 +83,8 @@ def test_bench_build_episode_raises_a_too_small_fraction_to_the_smallest_fitting
     from ctxkit.benchmarks.build_bench import fits_with
     from ctxkit.benchmarks.workload import episode_workloads
     from ctxkit.errors import BudgetError
-    from ctxkit.templates import load_template
-    from ctxkit.tokenizers import load_tokenizer
+    from ctxkit.text.template.chat_template import load_template
+    from ctxkit.text.tokenizer.loader import load_tokenizer
 
     path = conversation(tmp_path / "conv.json", system_repeat=120)  # a fixed prefix over 20 % of the episode
     code, out = run_json(capsys, ["bench", "build", "--episode", path, "--budget-fraction", "0.2", "--repeats", "1",
@@ -193,9 +193,9 @@ def test_cold_start_empties_every_cache_of_episode_content(qwen):
     from an earlier pass is left (the repeats of `bench build` used to re-use them)."""
     from ctxkit.benchmarks.workload import cold_start
     from ctxkit.events import Message
-    from ctxkit.pins import detect_constraints
-    from ctxkit.tokenizers import load_tokenizer
-    from ctxkit import pins
+    from ctxkit.context.pins import detect_constraints
+    from ctxkit.text.tokenizer.loader import load_tokenizer
+    from ctxkit.context import pins
 
     tok = load_tokenizer(qwen)
     text = "Do not modify the original file. " * 3

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from conftest import tokenizer_dir
-from ctxkit.builder import BuiltContext, ContextBuilder, rebuild
+from ctxkit.context.builder import BuiltContext, ContextBuilder, rebuild
 from ctxkit.edits import DropEdit
 from ctxkit.errors import BudgetError, ConfigError, InvariantError, MessageFormatError, PinViolationError, ReplayError
 from ctxkit.events import Compaction, EpisodeStart, Message, Pin, Step, ToolCall, ToolResult, Unpin
-from ctxkit.log import EventLog, MemoryLog
-from ctxkit.rendering import encode_assistant_turn, render
+from ctxkit.log.event_log import EventLog, MemoryLog
+from ctxkit.text.rendering.renderer import encode_assistant_turn, render
 
 TOOLS = ({"type": "function", "function": {"name": "read", "description": "Read a file.",
                                            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}},)
@@ -19,14 +19,14 @@ CONSTRAINT = "Do not modify the original file."
 
 @pytest.fixture(scope="module")
 def tok():
-    from ctxkit.tokenizers import load_tokenizer
+    from ctxkit.text.tokenizer.loader import load_tokenizer
 
     return load_tokenizer(str(tokenizer_dir("qwen2.5-instruct")))
 
 
 @pytest.fixture(scope="module")
 def tpl(tok):
-    from ctxkit.templates import load_template
+    from ctxkit.text.template.chat_template import load_template
 
     return load_template(None, tok)
 
@@ -209,10 +209,10 @@ def test_a_kept_pin_check_cache_gives_the_uncached_answers(tmp_path, tok, tpl):
     # the cache keeps decoded spans by their ids and pin texts by message object: a render that no longer
     # shows a pin (the same view, a template that hides the pinned block) must fail although the cache saw
     # the pin verbatim in the first render
-    from ctxkit.builder import PinCheckCache, check_pins
-    from ctxkit.render_cache import RenderCache
-    from ctxkit.templates import load_template
-    from ctxkit.view import build_view
+    from ctxkit.context.builder import PinCheckCache, check_pins
+    from ctxkit.context.render_cache import RenderCache
+    from ctxkit.text.template.chat_template import load_template
+    from ctxkit.context.view import build_view
 
     path = write_template_hiding_late_system(tmp_path)
     log = MemoryLog()
@@ -258,7 +258,7 @@ def test_keep_all_truncation_is_reproduced_by_rebuild(tok):
 
 
 def test_a_failed_build_records_no_compaction(tok):
-    from ctxkit.compress.base import BaseCompressor
+    from ctxkit.context.compress.base import BaseCompressor
 
     class DropsACall(BaseCompressor):
         """Broken on purpose: drops the first assistant call but keeps its result."""

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ctxkit.chat_messages import validate_message
+from ctxkit.text.chat_messages import validate_message
 from ctxkit.errors import MessageFormatError
 
 VOCAB = 1000

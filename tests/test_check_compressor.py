@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from conftest import REPO_ROOT, SHARED, missing_fixture, require_module, tokenizer_dir
-from ctxkit.compress import COMPRESSORS, make_compressor
-from ctxkit.compress.base import BaseCompressor, CompressionRequest
-from ctxkit.compressor_check import check_compressor, episode_plans
+from ctxkit.context.compress import COMPRESSORS, make_compressor
+from ctxkit.context.compress.base import BaseCompressor, CompressionRequest
+from ctxkit.context.compressor_check import check_compressor, episode_plans
 from ctxkit.edits import DropEdit
 from ctxkit.errors import ConfigError, InvariantError
 
@@ -25,7 +25,7 @@ def first_sentences(messages: list[dict]) -> str:
 
 def params_for(name: str) -> dict[str, Any]:
     if name.startswith("summarize"):
-        from ctxkit.summarizers import CallableSummarizer
+        from ctxkit.context.summarizers import CallableSummarizer
 
         return {"summarizer": CallableSummarizer(first_sentences, id="first-sentences")}
     return {}
@@ -132,7 +132,7 @@ def test_check_compressor_runs_without_hypothesis(tokenizer):
     """In a fresh interpreter where `hypothesis` cannot be imported: with the default tokenizer
     (`tiktoken:o200k_base` + `chatml-tools-v1`) and with an HF tokenizer folder."""
     if tokenizer == "default":
-        from ctxkit.tokenizers import load_tokenizer
+        from ctxkit.text.tokenizer.loader import load_tokenizer
 
         try:
             load_tokenizer("tiktoken:o200k_base")

@@ -1,4 +1,4 @@
-"""`ctxkit compressors` and `ctxkit build` through `ctxkit.cli.main` and a subprocess."""
+"""`ctxkit compressors` and `ctxkit build` through `ctxkit.cli.parser.main` and a subprocess."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import sys
 import pytest
 
 from conftest import tokenizer_dir
-from ctxkit.cli import main
-from ctxkit.compress import COMPRESSORS
+from ctxkit.cli.parser import main
+from ctxkit.context.compress import COMPRESSORS
 from ctxkit.events import EpisodeStart, Message, Step, ToolCall, ToolResult
-from ctxkit.log import EventLog, read_events
+from ctxkit.log.event_log import EventLog, read_events
 
 CONSTRAINT = "Do not modify the original file."
 
@@ -88,7 +88,7 @@ def test_build_errors_are_typed_and_named(log_path, capsys, argv, message):
 
 def test_build_in_a_subprocess(log_path):
     tok = str(tokenizer_dir("qwen2.5-instruct"))
-    proc = subprocess.run([sys.executable, "-m", "ctxkit.cli", "build", str(log_path), "--tokenizer", tok,
+    proc = subprocess.run([sys.executable, "-m", "ctxkit.cli.parser", "build", str(log_path), "--tokenizer", tok,
                            "--compressor", "window", "--budget", "700"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("step 6: ") and "(budget 700)" in proc.stdout and "1 pin(s) checked" in proc.stdout

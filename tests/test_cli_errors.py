@@ -27,7 +27,7 @@ CONVERSATION = {"messages": [{"role": "user", "content": "hi"}, {"role": "assist
 
 def without(module: str) -> str:
     """`python -c` code running the CLI with `module` unimportable, as on an install without its extra."""
-    return f"import sys; sys.modules[{module!r}] = None; from ctxkit.cli import main; sys.exit(main(sys.argv[1:]))"
+    return f"import sys; sys.modules[{module!r}] = None; from ctxkit.cli.parser import main; sys.exit(main(sys.argv[1:]))"
 
 
 def _env() -> dict[str, str]:
@@ -47,7 +47,7 @@ def _make_read_only(path: Path) -> bool:
 @pytest.fixture(scope="module")
 def work(tmp_path_factory):
     """A folder of inputs: a conversation, a log, a regular file, a folder, binary and broken files."""
-    from ctxkit.log import EventLog, import_conversation
+    from ctxkit.log.event_log import EventLog, import_conversation
 
     root = tmp_path_factory.mktemp("cli_errors")
     (root / "conv.json").write_text(json.dumps(CONVERSATION))
@@ -158,7 +158,7 @@ def test_bad_input_is_one_error_line(work, argv, expected, outputs):
     d = str(folder)
     argv = [a if a.startswith("import sys;") else a.format(d=d) for a in argv]
     before = _listing(folder)
-    cmd = [sys.executable, *argv] if argv[0] == "-c" else [sys.executable, "-m", "ctxkit.cli", *argv]
+    cmd = [sys.executable, *argv] if argv[0] == "-c" else [sys.executable, "-m", "ctxkit.cli.parser", *argv]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), cwd=folder, timeout=300)
     assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr
     assert proc.returncode == 2, proc.stderr
@@ -176,7 +176,7 @@ def test_ctrl_c_is_a_short_message_and_exit_130(tmp_path):
     fifo = tmp_path / "conv.json"
     os.mkfifo(fifo)
     out = tmp_path / "ep.jsonl"
-    proc = subprocess.Popen([sys.executable, "-m", "ctxkit.cli", "import", str(fifo), "-o", str(out)],
+    proc = subprocess.Popen([sys.executable, "-m", "ctxkit.cli.parser", "import", str(fifo), "-o", str(out)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
     try:
         with open(fifo, "w"):
@@ -194,6 +194,6 @@ def test_full_disk_on_stdout_is_one_error_line(work):
     if not os.path.exists("/dev/full"):
         missing_fixture("/dev/full (a device that is always full)")
     with open("/dev/full", "w") as full:
-        proc = subprocess.run([sys.executable, "-m", "ctxkit.cli", "export", str(folder / "ep.jsonl")], stdout=full,
+        proc = subprocess.run([sys.executable, "-m", "ctxkit.cli.parser", "export", str(folder / "ep.jsonl")], stdout=full,
                               stderr=subprocess.PIPE, text=True, env=_env(), timeout=300)
     assert (proc.returncode, proc.stderr) == (2, "ctxkit: error: writing output: No space left on device\n")

@@ -1,4 +1,4 @@
-"""`ctxkit log verify`, `ctxkit import`, `ctxkit export` through `ctxkit.cli.main` and the installed entry point."""
+"""`ctxkit log verify`, `ctxkit import`, `ctxkit export` through `ctxkit.cli.parser.main` and the installed entry point."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from ctxkit.cli import main
+from ctxkit.cli.parser import main
 from ctxkit.events import Message
-from ctxkit.log import EventLog, read_events, verify
+from ctxkit.log.event_log import EventLog, read_events, verify
 
 CONVERSATION = {
     "messages": [
@@ -122,7 +122,7 @@ def test_entry_point_subprocess(tmp_path):
     log = tmp_path / "ep.jsonl"
     EventLog.create(log).close()
     log.write_bytes(log.read_bytes()[:-1])  # the header lost its newline only
-    cmd = [sys.executable, "-m", "ctxkit.cli", "log", "verify", str(log)]
+    cmd = [sys.executable, "-m", "ctxkit.cli.parser", "log", "verify", str(log)]
     assert subprocess.run(cmd, capture_output=True).returncode == 1
     done = subprocess.run(cmd + ["--repair"], capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout.startswith("repaired: completed the last line")

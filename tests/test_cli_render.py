@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from conftest import REPO_ROOT, shared_path, tokenizer_dir
-from ctxkit.cli import main
+from ctxkit.cli.parser import main
 
 EXAMPLE = REPO_ROOT / "examples" / "agent_episode.json"
 
@@ -51,7 +51,7 @@ def test_render_event_log(tmp_path, capsys):
     qwen = str(tokenizer_dir("qwen2.5-instruct"))
     assert main(["render", str(log), "--tokenizer", qwen]) == 0
     out = json.loads(capsys.readouterr().out)
-    from ctxkit.log import EventLog, export_conversation, export_messages
+    from ctxkit.log.event_log import EventLog, export_conversation, export_messages
     from transformers import AutoTokenizer
 
     messages = export_messages(EventLog.open(log))
@@ -77,7 +77,7 @@ def test_render_errors_are_typed(tmp_path, capsys):
 @pytest.mark.slow
 def test_inspect_default_example_subprocess():
     shared_path("tokenizers", "qwen2.5-instruct")
-    proc = subprocess.run([sys.executable, "-m", "ctxkit.cli", "inspect"], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "ctxkit.cli.parser", "inspect"], capture_output=True, text=True,
                           env=_env(CTXKIT_SHARED=str(shared_path())), timeout=300)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
@@ -91,7 +91,7 @@ def test_inspect_default_example_subprocess():
 
 
 def test_inspect_falls_back_to_tiktoken(tmp_path, tiktoken_dir):
-    proc = subprocess.run([sys.executable, "-m", "ctxkit.cli", "inspect", "--max-tokens", "40"],
+    proc = subprocess.run([sys.executable, "-m", "ctxkit.cli.parser", "inspect", "--max-tokens", "40"],
                           capture_output=True, text=True, timeout=300,
                           env=_env(CTXKIT_SHARED=str(tmp_path), CTXKIT_TIKTOKEN_DIR=str(tiktoken_dir)))
     assert proc.returncode == 0, proc.stderr
@@ -130,8 +130,8 @@ def test_help_everywhere(argv, capsys):
 def test_render_log_keeps_sampled_step_ids(tmp_path, capsys):
     """A Step's sampled ids are rendered verbatim from a log, and a re-split word shows up as a drift."""
     from ctxkit.events import EpisodeStart, Message, Step
-    from ctxkit.log import EventLog
-    from ctxkit.tokenizers import load_tokenizer
+    from ctxkit.log.event_log import EventLog
+    from ctxkit.text.tokenizer.loader import load_tokenizer
 
     qwen = str(tokenizer_dir("qwen2.5-instruct"))
     tok = load_tokenizer(qwen)

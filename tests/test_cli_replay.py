@@ -1,4 +1,4 @@
-"""`ctxkit replay` and `ctxkit samples` through `ctxkit.cli.main` and one real subprocess."""
+"""`ctxkit replay` and `ctxkit samples` through `ctxkit.cli.parser.main` and one real subprocess."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import pytest
 from conftest import require_module, tokenizer_dir
 from rollout_driver import Driver
 from test_replay import flip, rechain
-from ctxkit.builder import ContextBuilder
-from ctxkit.cli import main
+from ctxkit.context.builder import ContextBuilder
+from ctxkit.cli.parser import main
 from ctxkit.events import Step
-from ctxkit.export import read_samples
-from ctxkit.log import EventLog, read_events
+from ctxkit.training.sample_files import read_samples
+from ctxkit.log.event_log import EventLog, read_events
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +88,7 @@ def test_samples_command(log_path, tmp_path, capsys, suffix):
     assert main(["samples", str(log_path), str(log_path), "-o", str(out)]) == 0
     assert "samples from 2 log(s)" in capsys.readouterr().out
     rows = read_samples(out)
-    from ctxkit.training_samples import samples
+    from ctxkit.training.episode_samples import samples
 
     once = samples(log_path)
     assert rows == once + once
@@ -96,7 +96,7 @@ def test_samples_command(log_path, tmp_path, capsys, suffix):
 
 
 def test_replay_verify_in_a_subprocess(log_path):
-    proc = subprocess.run([sys.executable, "-m", "ctxkit.cli", "replay", str(log_path), "--verify"],
+    proc = subprocess.run([sys.executable, "-m", "ctxkit.cli.parser", "replay", str(log_path), "--verify"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "6/6 steps verify: ok" in proc.stdout

@@ -11,15 +11,15 @@ import orjson
 import pytest
 
 from conftest import tokenizer_dir
-from ctxkit.builder import ContextBuilder
-from ctxkit.compress import COMPRESSORS, compressor_defaults, make_compressor
-from ctxkit.compress.base import CompressorSpec
-from ctxkit.compress.truncate_tool_output import truncate_text
+from ctxkit.context.builder import ContextBuilder
+from ctxkit.context.compress import COMPRESSORS, compressor_defaults, make_compressor
+from ctxkit.context.compress.base import CompressorSpec
+from ctxkit.context.compress.truncate_tool_output import truncate_text
 from ctxkit.edits import DropEdit, edit_to_dict
 from ctxkit.errors import BudgetError, ConfigError
 from ctxkit.events import Compaction, EpisodeStart, Message, Step, ToolCall, ToolResult
-from ctxkit.log import MemoryLog
-from ctxkit.view import Provenance, apply_edits
+from ctxkit.log.event_log import MemoryLog
+from ctxkit.context.view import Provenance, apply_edits
 
 TOOLS = ({"type": "function", "function": {"name": "read", "description": "Read a file.",
                                            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}},)
@@ -28,7 +28,7 @@ CONSTRAINT = "Do not modify the original file."
 
 @pytest.fixture(scope="module")
 def tok():
-    from ctxkit.tokenizers import load_tokenizer
+    from ctxkit.text.tokenizer.loader import load_tokenizer
 
     return load_tokenizer(str(tokenizer_dir("qwen2.5-instruct")))
 

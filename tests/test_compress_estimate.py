@@ -15,13 +15,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ctxkit.compress import make_compressor
-from ctxkit.compress.base import CompressionRequest
-from ctxkit.compress.mask_observations import mask_changes, mask_edits
-from ctxkit.compress.turns import SizeEstimate, estimate_size
+from ctxkit.context.compress import make_compressor
+from ctxkit.context.compress.base import CompressionRequest
+from ctxkit.context.compress.mask_observations import mask_changes, mask_edits
+from ctxkit.context.compress.turns import SizeEstimate, estimate_size
 from ctxkit.edits import TruncateEdit
 from ctxkit.events import ToolResult
-from ctxkit.view import apply_edits
+from ctxkit.context.view import apply_edits
 from test_fit_predicted import tok, view_of
 
 SETTINGS = settings(max_examples=25, deadline=None,

@@ -7,14 +7,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import require_module, tokenizer_dir
-from ctxkit.builder import ContextBuilder, rebuild
-from ctxkit.compress import compressor_defaults, make_compressor
-from ctxkit.compress.retrieve import BLOCK_HEADER, Retrieve, documents, latest_query
-from ctxkit.embeddings import PassageIndex, TextEmbedder, chunk_text
+from ctxkit.context.builder import ContextBuilder, rebuild
+from ctxkit.context.compress import compressor_defaults, make_compressor
+from ctxkit.context.compress.retrieve import BLOCK_HEADER, Retrieve, documents, latest_query
+from ctxkit.context.embeddings import PassageIndex, TextEmbedder, chunk_text
 from ctxkit.errors import BudgetError, ConfigError
 from ctxkit.events import Compaction, EpisodeStart, Message, ToolCall, ToolResult
-from ctxkit.log import EventLog, MemoryLog
-from ctxkit.view import Provenance, ViewMessage, build_view, find_orphans
+from ctxkit.log.event_log import EventLog, MemoryLog
+from ctxkit.context.view import Provenance, ViewMessage, build_view, find_orphans
 
 WORDS = "parser token buffer index value return error state module config field record stream offset cache".split()
 NEEDLE = "The vault access code is 4417-ZEBRA."
@@ -37,7 +37,7 @@ class CountingModel:
 
 @pytest.fixture(scope="module")
 def qwen():
-    from ctxkit.tokenizers import load_tokenizer
+    from ctxkit.text.tokenizer.loader import load_tokenizer
 
     return load_tokenizer(str(tokenizer_dir("qwen2.5-instruct")))
 
@@ -46,7 +46,7 @@ def qwen():
 def minilm():
     require_module("sentence_transformers")
     require_module("faiss")
-    from ctxkit.models import load_embedder
+    from ctxkit.context.models import load_embedder
 
     return load_embedder()
 
@@ -161,7 +161,7 @@ def test_passage_index_is_incremental_and_searchable(minilm):
     hits = index.search("Which city has the Eiffel Tower?", 2)
     assert [h.passage.doc_id for h in hits][0] == "d1"
     assert hits[0].score > hits[1].score and hits[0].score == round(hits[0].score, 6)
-    from ctxkit.embeddings import text_sha
+    from ctxkit.context.embeddings import text_sha
 
     allowed = {("d2", text_sha(docs[1][1])): 0, ("d3", text_sha(docs[2][1])): 1}
     only = index.search("Which city has the Eiffel Tower?", 3, allowed)
@@ -258,7 +258,7 @@ def test_short_episode_records_nothing_and_tight_budget_errors(qwen, minilm):
 
 @pytest.mark.slow
 def test_retrieve_passes_the_registry_check_at_a_small_budget(qwen, minilm):
-    from ctxkit.compressor_check import check_compressor
+    from ctxkit.context.compressor_check import check_compressor
 
     report = check_compressor("retrieve", tokenizer=qwen, budgets=(1024,), max_examples=2)
     assert report.compactions > 0 and report.max_tokens[1024] <= 1024
@@ -282,7 +282,7 @@ def test_over_budget_trigger_with_target_fraction_batches_compactions(qwen, mini
     first = recorded.index(True)
     # After a compaction the window sits near 60% of the budget, so the next turn needs none.
     assert sum(recorded) >= 2 and not recorded[first + 1]
-    from ctxkit.view import make_view
+    from ctxkit.context.view import make_view
 
     for c in compactions(log):
         view = build_view(log.events(), upto_seq=c.seq)

@@ -9,16 +9,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import require_module, tokenizer_dir
-from ctxkit.builder import ContextBuilder, rebuild
-from ctxkit.compress import compressor_defaults, make_compressor
-from ctxkit.compress.summarize import SUMMARY_HEADER, cut_to_tokens
-from ctxkit.compress.v1 import SummarizeV1
+from ctxkit.context.builder import ContextBuilder, rebuild
+from ctxkit.context.compress import compressor_defaults, make_compressor
+from ctxkit.context.compress.summarize import SUMMARY_HEADER, cut_to_tokens
+from ctxkit.context.compress.with_window_fallback import SummarizeV1
 from ctxkit.edits import SummaryEdit
 from ctxkit.errors import BudgetError, ConfigError
 from ctxkit.events import Compaction, EpisodeStart, Message, ToolCall, ToolResult
-from ctxkit.log import EventLog
-from ctxkit.summarizers import CallableSummarizer
-from ctxkit.view import build_view, find_orphans
+from ctxkit.log.event_log import EventLog
+from ctxkit.context.summarizers import CallableSummarizer
+from ctxkit.context.view import build_view, find_orphans
 
 TOOLS = ({"type": "function", "function": {"name": "read_file", "description": "Read a file.",
                                            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}},)
@@ -27,7 +27,7 @@ WORDS = "parser token buffer index value return error state module config field 
 
 @pytest.fixture(scope="module")
 def qwen():
-    from ctxkit.tokenizers import load_tokenizer
+    from ctxkit.text.tokenizer.loader import load_tokenizer
 
     return load_tokenizer(str(tokenizer_dir("qwen2.5-instruct")))
 
@@ -145,7 +145,7 @@ def test_summary_covers_the_middle_and_replays_without_the_summarizer(qwen, tmp_
 
 
 def test_later_summaries_fold_in_the_earlier_one(qwen):
-    from ctxkit.log import MemoryLog
+    from ctxkit.log.event_log import MemoryLog
 
     rec = Recorder()
     builder = ContextBuilder(qwen, compressor=SummarizeV1(summarizer=CallableSummarizer(rec, id="rec"), keep_last=2), budget=700)
@@ -168,7 +168,7 @@ def test_later_summaries_fold_in_the_earlier_one(qwen):
 
 
 def test_pinned_constraint_survives_being_summarized(qwen):
-    from ctxkit.log import MemoryLog
+    from ctxkit.log.event_log import MemoryLog
 
     constraint = "Never delete anything in the data folder."
     builder = ContextBuilder(qwen, compressor=SummarizeV1(summarizer=CallableSummarizer(lambda m: "work happened", id="fixed"),
@@ -189,7 +189,7 @@ def test_pinned_constraint_survives_being_summarized(qwen):
 
 
 def test_long_summaries_are_cut_and_tight_budgets_still_fit(qwen):
-    from ctxkit.log import MemoryLog
+    from ctxkit.log.event_log import MemoryLog
 
     long_text = " ".join(f"fact{i}." for i in range(2000))
     comp = SummarizeV1(summarizer=CallableSummarizer(lambda m: long_text, id="long"), keep_last=3, max_summary_tokens=64)
@@ -213,7 +213,7 @@ def test_long_summaries_are_cut_and_tight_budgets_still_fit(qwen):
 
 
 def test_budget_below_prefix_and_newest_turn_is_a_budget_error(qwen):
-    from ctxkit.log import MemoryLog
+    from ctxkit.log.event_log import MemoryLog
 
     builder = ContextBuilder(qwen, compressor=SummarizeV1(summarizer=CallableSummarizer(lambda m: "s", id="s")), budget=150,
                              detect_pins=False)
@@ -226,7 +226,7 @@ def test_budget_below_prefix_and_newest_turn_is_a_budget_error(qwen):
 
 
 def test_every_turn_trigger_records_nothing_when_nothing_is_new(qwen):
-    from ctxkit.log import MemoryLog
+    from ctxkit.log.event_log import MemoryLog
 
     rec = Recorder()
     builder = ContextBuilder(qwen, compressor=SummarizeV1(summarizer=CallableSummarizer(rec, id="rec"), keep_last=1,
@@ -256,7 +256,7 @@ def test_cut_to_tokens_property(qwen, text, limit):
 @pytest.mark.slow
 def test_default_extractive_summarizer_end_to_end(qwen):
     require_module("sentence_transformers")
-    from ctxkit.compressor_check import check_compressor
+    from ctxkit.context.compressor_check import check_compressor
 
     report = check_compressor("summarize", tokenizer=qwen, budgets=(1024,), max_examples=2)
     assert report.builds > 0 and report.compactions > 0 and report.max_tokens[1024] <= 1024
@@ -265,7 +265,7 @@ def test_default_extractive_summarizer_end_to_end(qwen):
 @pytest.mark.slow
 def test_lm_summarizer_end_to_end_with_real_smollm2(qwen):
     require_module("gguf")
-    from ctxkit.log import MemoryLog
+    from ctxkit.log.event_log import MemoryLog
 
     comp = make_compressor("summarize", summarizer="lm", summarizer_params={"max_new_tokens": 24}, keep_last=1)
     builder = ContextBuilder(qwen, compressor=comp, budget=420)
@@ -293,8 +293,8 @@ class ReturnsNothing:
 
 
 def test_a_summarizer_returning_a_non_string_is_a_typed_error(qwen):
-    from ctxkit.log import MemoryLog
-    from ctxkit.summarizers import SummarizerError
+    from ctxkit.log.event_log import MemoryLog
+    from ctxkit.context.summarizers import SummarizerError
 
     builder = ContextBuilder(qwen, compressor=SummarizeV1(summarizer=ReturnsNothing(), keep_last=1), budget=400)
     log = MemoryLog()

@@ -1,4 +1,4 @@
-"""Version 3 of mask-observations and truncate-tool-output: sizes counted in context (`ctxkit.compress.v3`).
+"""Version 3 of mask-observations and truncate-tool-output: sizes counted in context (`ctxkit.context.compress.sized_in_context`).
 
 - The in-context count of a tool output (what `mask-observations-v3` writes in its placeholder, and what
   `truncate-tool-output-v3` compares with `max_tokens`) equals the number of tokens of a full render whose
@@ -19,12 +19,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ctxkit.compress import make_compressor
-from ctxkit.compress.base import CompressionRequest
-from ctxkit.compress.truncate_tool_output import KEEPS
-from ctxkit.compress.v3 import cut_in_context
+from ctxkit.context.compress import make_compressor
+from ctxkit.context.compress.base import CompressionRequest
+from ctxkit.context.compress.truncate_tool_output import KEEPS
+from ctxkit.context.compress.sized_in_context import cut_in_context
 from ctxkit.errors import ConfigError
-from ctxkit.rendering import render
+from ctxkit.text.rendering.renderer import render
 from test_fit_predicted import tok, view_of
 from test_render_segments import check_every_build
 
@@ -125,7 +125,7 @@ def test_truncated_outputs_fit_the_cap_and_keep_literal_parts(name, seed, turns,
        keep=st.sampled_from(KEEPS))
 def test_cut_in_context_is_exact_on_the_output_own_ids(seed, n_words, max_tokens, keep):
     """Given the output's own ids (a render where nothing merges across its edges), the cut fits the cap."""
-    from ctxkit.compressor_check import episode_text
+    from ctxkit.context.compressor_check import episode_text
 
     t = tok("qwen2.5-instruct")
     text = episode_text(n_words, seed) + " naïve café " + "x" * (seed % 7)
@@ -167,7 +167,7 @@ def test_a_cut_keeps_its_parts_behind_a_token_straddling_the_edge(keep):
     the parts are still cut from the ids (version 2's standalone encode, the fallback, is not needed: before
     the fix `cut_in_context` returned None for `tail` and `head_tail` here), the tail extended to the
     output's end, and the whole fits the cap."""
-    from ctxkit.compressor_check import episode_text
+    from ctxkit.context.compressor_check import episode_text
 
     t = tok("qwen2.5-instruct")
     content = "{" + episode_text(300, 5) + ","

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO_ROOT, tokenizer_dir
-from ctxkit.builder import ContextBuilder
-from ctxkit.compress import COMPRESSORS, compressor_class, compressor_defaults, make_compressor, versioned_name
+from ctxkit.context.builder import ContextBuilder
+from ctxkit.context.compress import COMPRESSORS, compressor_class, compressor_defaults, make_compressor, versioned_name
 from ctxkit.errors import BudgetError, ConfigError
 from ctxkit.events import Compaction
-from ctxkit.log import MemoryLog
-from ctxkit.summarizers import CallableSummarizer
+from ctxkit.log.event_log import MemoryLog
+from ctxkit.context.summarizers import CallableSummarizer
 
 
 def prefixes(messages: list[dict]) -> str:
@@ -30,8 +30,8 @@ def summarizer() -> CallableSummarizer:
 @pytest.fixture(scope="module")
 def setup():
     from ctxkit.benchmarks.build_bench import episode_events
-    from ctxkit.templates import load_template
-    from ctxkit.tokenizers import load_tokenizer
+    from ctxkit.text.template.chat_template import load_template
+    from ctxkit.text.tokenizer.loader import load_tokenizer
 
     tok = load_tokenizer(str(tokenizer_dir("qwen2.5-instruct")))
     tpl = load_template(None, tok)
@@ -157,7 +157,7 @@ def test_turn_helpers_have_one_home():
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom):
-                assert node.module != "ctxkit.compress.window", f"{path.name} imports from window.py"
-    users = [p.name for p in sorted(folder.glob("*.py")) if "from ctxkit.compress.turns import" in Path(p).read_text()]
+                assert node.module != "ctxkit.context.compress.window", f"{path.name} imports from window.py"
+    users = [p.name for p in sorted(folder.glob("*.py")) if "from ctxkit.context.compress.turns import" in Path(p).read_text()]
     assert users == ["mask_observations.py", "retrieve.py", "summarize.py", "truncate_tool_output.py", "v1.py", "v3.py",
                      "window.py"]

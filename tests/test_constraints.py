@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from conftest import shared_path
 
-from ctxkit.constraints import RULES_V2, classify, split_sentences
+from ctxkit.context.constraints import RULES_V2, classify, split_sentences
 from ctxkit.errors import ConfigError
 from ctxkit.events import EpisodeStart, Message, Pin, ToolResult
-from ctxkit.logfile import read_events
-from ctxkit.pins import (
+from ctxkit.log.file_format import read_events
+from ctxkit.context.pins import (
     DETECTORS, LATEST_RULES, RULES_V1, RULESET, detect_constraints, get_detector, new_detections, resolve_pin_rules,
 )
 
@@ -36,8 +36,8 @@ def stamp(events):
             ["Use a tool, e.g. grep.", "Do not use vim, i.e. no editors.", "Ask Mr. Smith in the U.S. Army first.",
              "Then stop, etc.", "Done."], id="abbreviations"),
         pytest.param(
-            "Edit data/sales.csv and call os.path.join in v1.2.3. Keep main.py unchanged. See ctxkit.pins.RULESET!",
-            ["Edit data/sales.csv and call os.path.join in v1.2.3.", "Keep main.py unchanged.", "See ctxkit.pins.RULESET!"],
+            "Edit data/sales.csv and call os.path.join in v1.2.3. Keep main.py unchanged. See ctxkit.context.pins.RULESET!",
+            ["Edit data/sales.csv and call os.path.join in v1.2.3.", "Keep main.py unchanged.", "See ctxkit.context.pins.RULESET!"],
             id="paths-dotted-names-versions"),
         pytest.param("Run `echo a. B` first. Then stop.", ["Run `echo a. B` first.", "Then stop."], id="inline-code"),
         pytest.param("Fix it.\n```python\n# Do not edit. Never.\nx = 1\n```\nDo not push.", ["Fix it.", "Do not push."],
@@ -200,7 +200,7 @@ def test_v2_meets_the_goal_on_the_labelled_set():
 # ------------------------------------------------------------------------------------- the literal prefilter
 
 def test_prefiltered_classify_equals_every_pattern_searched():
-    from ctxkit.constraints import KINDS
+    from ctxkit.context.constraints import KINDS
 
     records = _eval_module().load_labelled()
     sentences = [r["sentence"] for r in records]

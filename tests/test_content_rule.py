@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 
 from conftest import tokenizer_dir
-from ctxkit.builder import ContextBuilder
+from ctxkit.context.builder import ContextBuilder
 from ctxkit.content import flatten_content
-from ctxkit.conversation import export_conversation, import_conversation
+from ctxkit.log.conversation import export_conversation, import_conversation
 from ctxkit.errors import MessageFormatError
-from ctxkit.log import MemoryLog
-from ctxkit.rendering import render
-from ctxkit.templates import load_template
-from ctxkit.tokenizers import load_tokenizer
+from ctxkit.log.event_log import MemoryLog
+from ctxkit.text.rendering.renderer import render
+from ctxkit.text.template.chat_template import load_template
+from ctxkit.text.tokenizer.loader import load_tokenizer
 
 PARTS = [{"type": "text", "text": "Fix the bug "}, {"type": "text", "text": "in parser.py.", "cache_control": {}}]
 CONV = {"messages": [{"role": "system", "content": [{"type": "text", "text": "You are careful."}]},

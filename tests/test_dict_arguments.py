@@ -11,12 +11,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import require_module, tokenizer_dir
-from ctxkit.builder import ContextBuilder, rebuild
-from ctxkit.compress import COMPRESSORS
+from ctxkit.context.builder import ContextBuilder, rebuild
+from ctxkit.context.compress import COMPRESSORS
 from ctxkit.events import EpisodeStart, Message, ToolCall, ToolResult, message_from_openai
-from ctxkit.log import MemoryLog
-from ctxkit.rendering import render
-from ctxkit.summarizers import CallableSummarizer
+from ctxkit.log.event_log import MemoryLog
+from ctxkit.text.rendering.renderer import render
+from ctxkit.context.summarizers import CallableSummarizer
 
 TOOLS = ({"type": "function", "function": {"name": "read", "description": "Read a file.",
                                            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}},)
@@ -25,7 +25,7 @@ BUDGET = 700
 
 @pytest.fixture(scope="module")
 def tok():
-    from ctxkit.tokenizers import load_tokenizer
+    from ctxkit.text.tokenizer.loader import load_tokenizer
 
     return load_tokenizer(str(tokenizer_dir("qwen2.5-instruct")))
 
@@ -71,7 +71,7 @@ def test_every_compressor_builds_dict_arguments(tok, name):
 def test_dict_arguments_render_as_the_unkeyed_render_does(tok):
     log = dict_argument_log(3)
     ctx = ContextBuilder(tok, compressor="keep-all", budget=8000).build(log)
-    from ctxkit.view import build_view
+    from ctxkit.context.view import build_view
 
     chat = [m.to_chat() for m in build_view(log.events()).messages]
     assert ctx.token_ids == render(chat, tok, tools=list(TOOLS)).token_ids

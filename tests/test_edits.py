@@ -12,8 +12,8 @@ import orjson
 import pytest
 
 from conftest import tokenizer_dir
-from ctxkit.builder import ContextBuilder
-from ctxkit.compress import make_compressor
+from ctxkit.context.builder import ContextBuilder
+from ctxkit.context.compress import make_compressor
 from ctxkit.edits import (
     EDIT_KINDS,
     DropEdit,
@@ -26,8 +26,8 @@ from ctxkit.edits import (
 )
 from ctxkit.errors import LogFormatError
 from ctxkit.events import Compaction, EpisodeStart, Step, event_from_dict, event_id, event_to_dict
-from ctxkit.log import EventLog, read_events
-from ctxkit.log_replay import verify_log
+from ctxkit.log.event_log import EventLog, read_events
+from ctxkit.training.context_replay import verify_log
 
 V1_LOGS = Path(__file__).parent / "data" / "v1_logs"
 

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import require_module, tokenizer_dir
 from ctxkit import embedding_cache as ec
-from ctxkit.embedding_cache import (VectorCache, clear_vector_caches, encode_stats, parse_records, record_bytes,
+from ctxkit.context.embedding_cache import (VectorCache, clear_vector_caches, encode_stats, parse_records, record_bytes,
                                     run_cache_dir, using_cache_dir, vector_key)
 
 
@@ -110,7 +110,7 @@ def test_concurrent_writers_lose_nothing(tmp_path):
 def minilm():
     require_module("sentence_transformers")
     require_module("faiss")
-    from ctxkit.models import load_embedder
+    from ctxkit.context.models import load_embedder
 
     return load_embedder()
 
@@ -120,7 +120,7 @@ TEXTS = ["ok", "fine", "also short", "The quick brown fox jumps over the lazy do
 
 
 def test_a_vector_does_not_depend_on_its_batch(minilm):
-    from ctxkit.embeddings import encode_texts
+    from ctxkit.context.embeddings import encode_texts
 
     together = encode_texts(minilm, TEXTS)
     alone = np.stack([encode_texts(minilm, [t])[0] for t in TEXTS])
@@ -134,7 +134,7 @@ def test_a_vector_does_not_depend_on_its_batch(minilm):
 
 
 def test_text_embedder_uses_the_disk_cache_and_a_warm_cache_never_encodes(minilm, tmp_path):
-    from ctxkit.embeddings import TextEmbedder
+    from ctxkit.context.embeddings import TextEmbedder
 
     with using_cache_dir(tmp_path / "cache"):
         cold = TextEmbedder().encode(TEXTS)
@@ -180,7 +180,7 @@ bootstrap_resamples = 50
 
 
 def _logs(out: Path) -> dict[str, list[tuple[str, str]]]:
-    from ctxkit.log import read_events
+    from ctxkit.log.event_log import read_events
 
     return {p.relative_to(out).as_posix(): [(e.id, e.kind) for e in read_events(p)]
             for p in sorted((out / "episodes").rglob("*.jsonl"))}
@@ -192,8 +192,8 @@ def test_a_run_with_a_warm_cache_records_what_a_cold_run_recorded(minilm, tmp_pa
     from ctxkit.events import Compaction
     from ctxkit.experiment.config import load_config
     from ctxkit.experiment.runner import read_rows, run_experiment
-    from ctxkit.log_replay import verify_log
-    from ctxkit.log import read_events
+    from ctxkit.training.context_replay import verify_log
+    from ctxkit.log.event_log import read_events
 
     config = load_config(_config(tmp_path))
     cold = tmp_path / "cold"
@@ -236,9 +236,9 @@ def test_a_run_with_a_warm_cache_records_what_a_cold_run_recorded(minilm, tmp_pa
 
 
 def test_build_all_steps_shares_the_cache_across_invocations(minilm, tmp_path, capsys):
-    from ctxkit.cli import main
+    from ctxkit.cli.parser import main
     from ctxkit.events import EpisodeStart, Message, ToolCall, ToolResult
-    from ctxkit.log import EventLog
+    from ctxkit.log.event_log import EventLog
 
     log = EventLog.create(tmp_path / "ep.jsonl", durability="none")
     log.extend([EpisodeStart(episode_id="ep-cache"), Message(role="system", content="You are a careful agent."),

@@ -25,8 +25,8 @@ from ctxkit.events import (
     event_from_dict,
     event_to_dict,
 )
-from ctxkit.log import EventLog, MemoryLog, read_events, verify
-from ctxkit.logfile import canonical, line_hash
+from ctxkit.log.event_log import EventLog, MemoryLog, read_events, verify
+from ctxkit.log.file_format import canonical, line_hash
 
 # (event class, field, allowed values, None allowed)
 FIELDS = [

@@ -11,8 +11,8 @@ import pytest
 from conftest import require_module
 from ctxkit.errors import ConfigError
 from ctxkit.events import Step
-from ctxkit.export import PARQUET_SCHEMA, parquet_schema, read_samples, sample_to_record, write_parquet, write_samples
-from ctxkit.training_samples import EpisodeMeta, assemble_samples
+from ctxkit.training.sample_files import PARQUET_SCHEMA, parquet_schema, read_samples, sample_to_record, write_parquet, write_samples
+from ctxkit.training.episode_samples import EpisodeMeta, assemble_samples
 
 
 def _meta(reward=0.0, kind="tool_failure", outcome="terminated", cause="tool_failed"):

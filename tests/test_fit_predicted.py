@@ -18,17 +18,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import tokenizer_dir
-from ctxkit.builder import ContextBuilder
-from ctxkit.compress.base import CompressionRequest
-from ctxkit.compress.turns import base_messages, fit_window, predicted_sizes, prefix_groups, turn_groups
-from ctxkit.compressor_check import episode_text
+from ctxkit.context.builder import ContextBuilder
+from ctxkit.context.compress.base import CompressionRequest
+from ctxkit.context.compress.turns import base_messages, fit_window, predicted_sizes, prefix_groups, turn_groups
+from ctxkit.context.compressor_check import episode_text
 from ctxkit.edits import DropEdit
 from ctxkit.errors import BudgetError
 from ctxkit.events import EpisodeStart, Message, Step, ToolCall, ToolResult
-from ctxkit.log import MemoryLog
-from ctxkit.rendering import encode_assistant_turn
-from ctxkit.tokenizers import load_tokenizer
-from ctxkit.view import apply_edits
+from ctxkit.log.event_log import MemoryLog
+from ctxkit.text.rendering.renderer import encode_assistant_turn
+from ctxkit.text.tokenizer.loader import load_tokenizer
+from ctxkit.context.view import apply_edits
 
 TOOLS = [{"type": "function", "function": {"name": "run", "description": "Run a shell command.",
                                            "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}},

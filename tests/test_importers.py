@@ -8,15 +8,15 @@ import json
 import pytest
 
 from conftest import shared_path
-from ctxkit.cli import main
-from ctxkit.conversation import export_messages
+from ctxkit.cli.parser import main
+from ctxkit.log.conversation import export_messages
 from ctxkit.errors import ImportFormatError
 from ctxkit.events import EpisodeEnd, EpisodeStart, Message
-from ctxkit.importers import IMPORTERS, read_episodes, read_tools, select_episodes
-from ctxkit.importers.adp import to_source_messages
-from ctxkit.importers.common import drop_nulls
-from ctxkit.importers.text_calls import format_text_call, parse_text_call
-from ctxkit.log import read_events
+from ctxkit.log.importers import IMPORTERS, read_episodes, read_tools, select_episodes
+from ctxkit.log.importers.adp import to_source_messages
+from ctxkit.log.importers.common import drop_nulls
+from ctxkit.log.importers.text_calls import format_text_call, parse_text_call
+from ctxkit.log.event_log import read_events
 
 TAU = "tau-bench__gpt-4o-airline.json"
 TOOLS = "tau-bench__airline_tools.json"
@@ -194,7 +194,7 @@ def test_cli_one_episode_and_errors(tmp_path, capsys):
 
 
 def test_cli_offline_steps(tmp_path, capsys):
-    pytest.importorskip("ctxkit.offline_steps")
+    pytest.importorskip("ctxkit.training.offline_steps")
     tok = shared_path("tokenizers", "qwen2.5-instruct")
     log = tmp_path / "tau.jsonl"
     assert main(["import", str(traj(TAU)), "--select", "task-5-trial-0", "--tools", str(traj(TOOLS)),

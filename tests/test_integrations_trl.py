@@ -23,7 +23,7 @@ from ctxkit.integrations.trl import (
     sft_records,
     trainable_copy,
 )
-from ctxkit.training_samples import samples
+from ctxkit.training.episode_samples import samples
 
 DEVICE = os.environ.get("CTXKIT_TRAIN_DEVICE", "cpu")
 """Device of the real-trainer tests (scripts/device_check.sh sets `cuda`)."""
@@ -31,14 +31,14 @@ DEVICE = os.environ.get("CTXKIT_TRAIN_DEVICE", "cpu")
 
 @pytest.fixture(scope="module")
 def tok():
-    from ctxkit.tokenizers import load_tokenizer
+    from ctxkit.text.tokenizer.loader import load_tokenizer
 
     return load_tokenizer(str(tokenizer_dir("smollm2-135m-instruct")))
 
 
 def _log(path, tok, *, compressor="keep-all", budget=4096, params=None, n_turns=3):
-    from ctxkit.builder import ContextBuilder
-    from ctxkit.log import EventLog
+    from ctxkit.context.builder import ContextBuilder
+    from ctxkit.log.event_log import EventLog
 
     builder = ContextBuilder(tok, template="chatml-tools-v1", compressor=compressor, budget=budget, params=params or {},
                              detect_pins=False)
@@ -84,7 +84,7 @@ def test_an_episode_split_by_compaction_is_refused_or_trained_on_its_last_sample
 
 
 def test_sft_rows_from_ctxkit_samples_output_put_the_loss_on_sampled_tokens_only(tmp_path, tok):
-    from ctxkit.cli import main
+    from ctxkit.cli.parser import main
 
     path = _log(tmp_path / "ep.jsonl", tok, compressor="window", budget=420, params={"keep_last": 1}, n_turns=6)
     out = tmp_path / "samples.jsonl"
@@ -109,7 +109,7 @@ def lm():
     for name in ("trl", "datasets"):
         if importlib.util.find_spec(name) is None:
             missing_fixture(f"python package {name!r} (pip install -e '.[train]')")
-    from ctxkit.models import load_causal_lm
+    from ctxkit.context.models import load_causal_lm
 
     return load_causal_lm(device=DEVICE, dtype="float32")
 
@@ -117,7 +117,7 @@ def lm():
 def _sampled_logprob_sum(model, rows) -> float:
     import torch
 
-    from ctxkit.train import token_logprobs
+    from ctxkit.training.reference_step import token_logprobs
 
     total = 0.0
     with torch.no_grad():
@@ -131,7 +131,7 @@ def _sampled_logprob_sum(model, rows) -> float:
 def test_trl_sft_trains_on_ctxkit_samples_with_loss_on_sampled_tokens(tmp_path, tok, lm):
     from trl import SFTConfig, SFTTrainer
 
-    from ctxkit.cli import main
+    from ctxkit.cli.parser import main
     from ctxkit.integrations.trl import sft_dataset
 
     path = _log(tmp_path / "ep.jsonl", tok, n_turns=2)

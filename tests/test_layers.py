@@ -2,7 +2,8 @@
 
 Read statically (AST), so imports inside functions count as much as module-level ones: a lazy upward
 import is still an upward dependency. Also: no import cycles between modules, no `_private` name
-imported from another module, and each module's docstring names the layer the table gives it.
+imported from another module, package faces that resolve, siblings that never meet, and no module left at the top
+but the base layer.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ ARCHITECTURE = REPO / "docs" / "ARCHITECTURE.md"
 
 
 def module_name(path: Path) -> str:
-    """`ctxkit/compress/window.py` -> `ctxkit.compress.window`; a package's `__init__` is the package."""
+    """`ctxkit/compress/window.py` -> `ctxkit.context.compress.window`; a package's `__init__` is the package."""
     parts = path.relative_to(REPO).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
@@ -161,32 +162,86 @@ def test_no_private_names_imported_across_modules():
     assert leaks == [], "private names imported across modules:\n" + "\n".join(leaks)
 
 
-@pytest.mark.parametrize("module", [m for m in sorted(modules()) if m != "ctxkit"])
-def test_module_docstring_names_its_layer(module):
-    path = modules()[module]
-    doc = ast.get_docstring(ast.parse(path.read_text())) or ""
-    tags = re.findall(r"(?<![\w-])L(\d)(?![\w-])", doc)
-    assert tags, f"{path.relative_to(REPO)}: the docstring does not name its layer (L{layer_of(module)})"
-    assert int(tags[0]) == layer_of(module), (
-        f"{path.relative_to(REPO)}: the docstring says L{tags[0]}, {ARCHITECTURE.name} says L{layer_of(module)}"
-    )
-
-
 def test_module_size():
     long = [f"{p.relative_to(REPO)}: {n} lines" for p in modules().values() if (n := len(p.read_text().splitlines())) > 520]
     assert long == [], "modules over ~500 lines:\n" + "\n".join(long)
 
 
-def test_public_names_are_grouped_under_their_layer_in_the_package_face():
-    """`ctxkit/__init__.py` lists each public name under a `# Lk` comment: it must be its module's layer."""
-    wrong, layer = [], None
+def test_public_names_are_grouped_under_their_package_in_the_package_face():
+    """`ctxkit/__init__.py` lists each public name under a `# <package>/` comment (or `# L0 ...`): its module
+    must sit in that package."""
+    wrong, group = [], None
     for line in (PACKAGE / "__init__.py").read_text().splitlines():
-        head = re.match(r"^\s*# L(\d)\s*$", line)
+        head = re.match(r"^\s*# (\w+/|L0\b)", line)
         entry = re.match(r'^\s*"(\w+)": "(ctxkit[\w.]*)",', line)
         if head:
-            layer = int(head.group(1))
+            group = head.group(1)
         elif entry:
             name, module = entry.groups()
-            if layer_of(module) != layer:
-                wrong.append(f"{name} ({module}) listed under L{layer}, the table says L{layer_of(module)}")
+            path = modules()[module].relative_to(PACKAGE).as_posix()
+            if (group == "L0" and "/" in path) or (group != "L0" and not path.startswith(group)):
+                wrong.append(f"{name} ({module}) listed under {group}")
     assert wrong == []
+
+
+PACKAGES = ("log", "text", "text.tokenizer", "text.template", "text.rendering", "context", "training", "cli")
+SIBLINGS = ("log/", "text/")
+
+
+def faces() -> dict[str, dict[str, str]]:
+    """package -> its face's `_EXPORTS` (name -> defining module), read statically."""
+    out = {}
+    for package in PACKAGES:
+        tree = ast.parse((PACKAGE / package.replace(".", "/") / "__init__.py").read_text())
+        exports = next(n.value for n in tree.body if isinstance(n, ast.AnnAssign) and getattr(n.target, "id", "") == "_EXPORTS")
+        out[package] = ast.literal_eval(exports)
+    return out
+
+
+def test_every_package_has_a_face_and_every_name_resolves_to_its_defining_module():
+    import importlib
+
+    for package, exports in faces().items():
+        face = importlib.import_module(f"ctxkit.{package}")
+        assert sorted(face.__all__) == sorted(exports) and exports, package
+        for name, module in exports.items():
+            assert module in modules(), f"ctxkit.{package}: {name} names a module that does not exist: {module}"
+            assert module == f"ctxkit.{package}" or module.startswith(f"ctxkit.{package}."), f"{name}: {module} is outside ctxkit.{package}"
+            assert getattr(face, name) is getattr(importlib.import_module(module), name), f"ctxkit.{package}.{name}"
+
+
+def test_no_face_exports_a_name_equal_to_one_of_its_submodules():
+    clashes = []
+    for package, exports in faces().items():
+        folder = PACKAGE / package.replace(".", "/")
+        subs = {p.stem for p in folder.glob("*.py")} | {p.name for p in folder.iterdir() if (p / "__init__.py").exists()}
+        clashes += [f"ctxkit.{package}.{name}" for name in exports if name in subs]
+    assert clashes == []
+
+
+def test_importing_a_package_loads_none_of_its_modules():
+    """The faces are lazy: `import ctxkit.text` runs no renderer, template or tokenizer code."""
+    code = ("import sys, ctxkit.log, ctxkit.text, ctxkit.context, ctxkit.training, ctxkit.cli; "
+            "print(sorted(m for m in sys.modules if m.startswith('ctxkit.') and m.count('.') > 1))")
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO).stdout
+    assert out.strip() == "[]"
+
+
+def test_sibling_packages_never_import_each_other():
+    crossing = []
+    for module in modules():
+        here = modules()[module].relative_to(PACKAGE).as_posix()
+        for target, _, line in imports_of(module):
+            there = modules()[target].relative_to(PACKAGE).as_posix()
+            for a, b in ((SIBLINGS[0], SIBLINGS[1]), (SIBLINGS[1], SIBLINGS[0])):
+                if here.startswith(a) and there.startswith(b):
+                    crossing.append(f"{here}:{line} imports {target}")
+    assert crossing == [], "log/ and text/ are siblings:\n" + "\n".join(crossing)
+
+
+def test_no_module_left_at_the_top_but_the_base_layer():
+    top = sorted(p.name for p in PACKAGE.glob("*.py") if p.name != "__init__.py")
+    assert top == ["content.py", "edits.py", "errors.py", "events.py", "registry.py"]

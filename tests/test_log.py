@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from ctxkit.errors import ConfigError, LogFormatError, MessageFormatError
 from ctxkit.events import EpisodeEnd, EpisodeStart, Message, Pin, Step, ToolCall, ToolResult, Unpin
-from ctxkit.log import (
+from ctxkit.log.event_log import (
     EventLog,
     export_conversation,
     export_messages,

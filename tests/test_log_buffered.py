@@ -1,5 +1,5 @@
 """The log at disk speed: the fast sequencer gives exactly what the slow one did, durability `none` buffers
-under the writers' lock, and a killed writer loses exactly what its mode says (see `ctxkit.log`)."""
+under the writers' lock, and a killed writer loses exactly what its mode says (see `ctxkit.log.event_log`)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import pytest
 from ctxkit.benchmarks.log_bench import bench_events, run, table
 from ctxkit.events import (EpisodeEnd, EpisodeStart, Message, Step, ToolCall, ToolResult, event_from_dict, event_id,
                            event_to_dict)
-from ctxkit.log import EventLog, read_events, verify
-from ctxkit.log_locks import WriterLock
-from ctxkit.log_stamp import event_dict, stamp
+from ctxkit.log.event_log import EventLog, read_events, verify
+from ctxkit.log.locks import WriterLock
+from ctxkit.log.sequencer import event_dict, stamp
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals and flock")
 
@@ -102,7 +102,7 @@ def test_a_dropped_handle_writes_its_buffer(tmp_path):
 KILLED = r"""
 import os, signal, sys
 from ctxkit.events import Message
-from ctxkit.log import EventLog
+from ctxkit.log.event_log import EventLog
 log = EventLog.open(sys.argv[1], durability=sys.argv[2])
 for i in range(5):
     log.append(Message(role="user", content=f"m{i}"))

@@ -11,10 +11,10 @@ import time
 import orjson
 import pytest
 
-from ctxkit.cli import main
+from ctxkit.cli.parser import main
 from ctxkit.errors import LogFormatError, SchemaVersionError, TornLineError
 from ctxkit.events import Message
-from ctxkit.log import EventLog, read_events, repair, verify
+from ctxkit.log.event_log import EventLog, read_events, repair, verify
 from log_killer import body, kill_mid_append, writer_script
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals and O_APPEND semantics")
@@ -163,7 +163,7 @@ def test_handle_opened_with_repair_fixes_a_tail_torn_by_another_writer(tmp_path)
 FSIZE_WRITER = r"""
 import resource, signal, sys, os
 from ctxkit.events import Message
-from ctxkit.log import EventLog
+from ctxkit.log.event_log import EventLog
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 log = EventLog.open(sys.argv[1], durability="always")
 size = os.path.getsize(sys.argv[1])
@@ -191,7 +191,7 @@ def test_failed_write_leaves_no_partial_line(tmp_path):
 APPENDER = r"""
 import os, sys, time
 from ctxkit.events import Message
-from ctxkit.log import EventLog
+from ctxkit.log.event_log import EventLog
 path, k, n, go = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 log = EventLog.open(path)
 while not os.path.exists(go):

@@ -17,8 +17,8 @@ import pytest
 
 from ctxkit.errors import LogForkedError, LogLockedError
 from ctxkit.events import Message
-from ctxkit.log import EventLog, read_events, verify
-from ctxkit.log_locks import WriterLock, lock_path
+from ctxkit.log.event_log import EventLog, read_events, verify
+from ctxkit.log.locks import WriterLock, lock_path
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork")
 

@@ -1,4 +1,4 @@
-"""One log home and one id scheme: `MemoryLog` and `EventLog` share the sequencer (`ctxkit.log.stamp`), so
+"""One log home and one id scheme: `MemoryLog` and `EventLog` share the sequencer (`ctxkit.log.event_log.stamp`), so
 the same events get the same ids, views and token ids under every compressor; and the log layer has no
 import cycle (an AST scan of every import, lazy ones inside functions and `TYPE_CHECKING` blocks included)."""
 
@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO_ROOT, require_module, tokenizer_dir
-from ctxkit.compress import COMPRESSORS
+from ctxkit.context.compress import COMPRESSORS
 from ctxkit.errors import BudgetError, ConfigError
 from ctxkit.events import Compaction, EpisodeEnd, EpisodeStart, Message, Step, ToolCall, ToolResult
-from ctxkit.log import EventLog, MemoryLog, read_events, stamp
-from ctxkit.view import build_view
+from ctxkit.log.event_log import EventLog, MemoryLog, read_events, stamp
+from ctxkit.context.view import build_view
 
 TOOLS = ({"type": "function", "function": {"name": "read", "description": "Read a file.",
                                            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}},)
@@ -121,7 +121,7 @@ SLOW = {name for name in COMPRESSORS if "summarize" in name or "retrieve" in nam
 
 @pytest.fixture(scope="module")
 def tok():
-    from ctxkit.tokenizers import load_tokenizer
+    from ctxkit.text.tokenizer.loader import load_tokenizer
 
     return load_tokenizer(str(tokenizer_dir("qwen2.5-instruct")))
 
@@ -129,7 +129,7 @@ def tok():
 def run_both(tmp_path, tok, name: str, *, turns: int = 7, budget: int = 1400):
     """The same episode through an EventLog and a MemoryLog, each with its own builder; every build is
     compared as it happens. Returns the two logs and the number of builds."""
-    from ctxkit.builder import ContextBuilder
+    from ctxkit.context.builder import ContextBuilder
 
     if name in SLOW:
         require_module("sentence_transformers")
@@ -242,38 +242,38 @@ def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
     return seen
 
 
-LOG_LAYER = ("ctxkit.events", "ctxkit.errors", "ctxkit.log", "ctxkit.logfile", "ctxkit.log_locks", "ctxkit.log_stamp",
-             "ctxkit.log_writer", "ctxkit.conversation", "ctxkit.state")
+LOG_LAYER = ("ctxkit.events", "ctxkit.errors", "ctxkit.log.event_log", "ctxkit.log.file_format", "ctxkit.log.locks", "ctxkit.log.sequencer",
+             "ctxkit.log.file_writes", "ctxkit.log.conversation", "ctxkit.log.state")
 
 
 def test_the_log_layer_has_no_import_cycle():
     graph = import_graph()
-    assert "ctxkit.conversation" in graph["ctxkit.log"]  # the scan sees imports at all
+    assert "ctxkit.log.conversation" in graph["ctxkit.log.event_log"]  # the scan sees imports at all
     for name in LOG_LAYER:
         assert name not in reachable(graph, name), f"{name} imports itself through {sorted(reachable(graph, name))}"
-    assert "ctxkit.log" not in reachable(graph, "ctxkit.conversation")
+    assert "ctxkit.log.event_log" not in reachable(graph, "ctxkit.log.conversation")
 
 
 def test_the_log_layer_imports_only_below_or_beside_it():
     graph = import_graph()
     allowed = {"ctxkit.events": {"ctxkit.errors", "ctxkit.edits", "ctxkit.content"}, "ctxkit.errors": set(),
-               "ctxkit.log_locks": {"ctxkit.errors"},
-               "ctxkit.logfile": {"ctxkit.events", "ctxkit.errors", "ctxkit.edits", "ctxkit.content", "ctxkit.log_locks"},
-               "ctxkit.log_writer": {"ctxkit.events", "ctxkit.errors", "ctxkit.edits", "ctxkit.content", "ctxkit.logfile",
-                                     "ctxkit.log_locks"},
-               "ctxkit.log_stamp": {"ctxkit.events", "ctxkit.errors", "ctxkit.edits", "ctxkit.content", "ctxkit.logfile",
-                                    "ctxkit.log_locks"},
-               "ctxkit.conversation": {"ctxkit.events", "ctxkit.errors", "ctxkit.edits", "ctxkit.content"},
-               "ctxkit.log": {"ctxkit.events", "ctxkit.errors", "ctxkit.edits", "ctxkit.logfile", "ctxkit.log_locks",
-                              "ctxkit.log_stamp", "ctxkit.log_writer", "ctxkit.conversation", "ctxkit.content"},
-               "ctxkit.state": {"ctxkit.events", "ctxkit.errors", "ctxkit.edits", "ctxkit.content"}}
+               "ctxkit.log.locks": {"ctxkit.errors"},
+               "ctxkit.log.file_format": {"ctxkit.events", "ctxkit.errors", "ctxkit.edits", "ctxkit.content", "ctxkit.log.locks"},
+               "ctxkit.log.file_writes": {"ctxkit.events", "ctxkit.errors", "ctxkit.edits", "ctxkit.content", "ctxkit.log.file_format",
+                                     "ctxkit.log.locks"},
+               "ctxkit.log.sequencer": {"ctxkit.events", "ctxkit.errors", "ctxkit.edits", "ctxkit.content", "ctxkit.log.file_format",
+                                    "ctxkit.log.locks"},
+               "ctxkit.log.conversation": {"ctxkit.events", "ctxkit.errors", "ctxkit.edits", "ctxkit.content"},
+               "ctxkit.log.event_log": {"ctxkit.events", "ctxkit.errors", "ctxkit.edits", "ctxkit.log.file_format", "ctxkit.log.locks",
+                              "ctxkit.log.sequencer", "ctxkit.log.file_writes", "ctxkit.log.conversation", "ctxkit.content"},
+               "ctxkit.log.state": {"ctxkit.events", "ctxkit.errors", "ctxkit.edits", "ctxkit.content"}}
     for name, ok in allowed.items():
         assert reachable(graph, name) <= ok, f"{name} reaches {sorted(reachable(graph, name) - ok)}"
 
 
 def test_memory_log_lives_in_the_log_layer():
-    import ctxkit.builder
-    import ctxkit.log
+    import ctxkit.context.builder
+    import ctxkit.log.event_log
 
-    assert ctxkit.log.MemoryLog.__module__ == "ctxkit.log"
-    assert ctxkit.builder.MemoryLog is ctxkit.log.MemoryLog  # the builder's old name is the same class
+    assert ctxkit.log.event_log.MemoryLog.__module__ == "ctxkit.log.event_log"
+    assert ctxkit.context.builder.MemoryLog is ctxkit.log.event_log.MemoryLog  # the builder's old name is the same class

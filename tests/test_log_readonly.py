@@ -16,11 +16,11 @@ import pytest
 
 from conftest import tokenizer_dir
 from rollout_driver import Driver
-from ctxkit.builder import ContextBuilder
-from ctxkit.cli import main
+from ctxkit.context.builder import ContextBuilder
+from ctxkit.cli.parser import main
 from ctxkit.errors import LogFormatError
 from ctxkit.events import Message
-from ctxkit.log import EventLog, export_conversation, export_messages, read_events, read_header, repair, verify
+from ctxkit.log.event_log import EventLog, export_conversation, export_messages, read_events, read_header, repair, verify
 
 N_TURNS = 4
 
@@ -86,9 +86,9 @@ def test_opening_and_refreshing_a_log_takes_no_lock(frozen):
 
 
 def test_replay_samples_audit_resume_take_no_lock(frozen, tmp_path):
-    from ctxkit.audit import audit
-    from ctxkit.log_replay import replay, resume, verify_log
-    from ctxkit.training_samples import samples
+    from ctxkit.training.preflight import audit
+    from ctxkit.training.context_replay import replay, resume, verify_log
+    from ctxkit.training.episode_samples import samples
 
     folder, before = frozen
     log = folder / "ep.jsonl"
@@ -140,7 +140,7 @@ def test_cli_in_a_subprocess_takes_no_lock(frozen):
     folder, before = frozen
     for args, code in ((["log", "verify", str(folder / "ep.jsonl")], 0), (["export", str(folder / "ep.jsonl")], 0),
                        (["log", "verify", str(folder / "notes.txt")], 1)):
-        proc = subprocess.run([sys.executable, "-m", "ctxkit.cli", *args], capture_output=True, text=True)
+        proc = subprocess.run([sys.executable, "-m", "ctxkit.cli.parser", *args], capture_output=True, text=True)
         assert proc.returncode == code, proc.stderr
     assert_untouched(folder, before)
 

@@ -1,4 +1,4 @@
-"""The fast sequencer (`ctxkit.log_stamp`) against its specification, written out here the slow way: the
+"""The fast sequencer (`ctxkit.log.sequencer`) against its specification, written out here the slow way: the
 event's dict (`events.event_to_dict`), its id (`events.event_id`), its line in field order, the line hash over
 the sorted canonical bytes, and the recorded copy a reader of the file builds (`events.event_from_dict`).
 Every event shape below, the odd ones included, must give the same bytes, ids and copies (same types too)."""
@@ -16,9 +16,9 @@ from ctxkit.edits import MaskEdit
 from ctxkit.errors import ConfigError, EventFormatError
 from ctxkit.events import (Compaction, EpisodeEnd, EpisodeStart, Message, Pin, StateSnapshot, Step, ToolCall,
                            ToolResult, Unpin, event_from_dict, event_id, event_to_dict)
-from ctxkit.log import EventLog, MemoryLog, iter_events, read_events
-from ctxkit.logfile import canonical, line_hash
-from ctxkit.log_stamp import stamp, stamp_line, stamp_lines
+from ctxkit.log.event_log import EventLog, MemoryLog, iter_events, read_events
+from ctxkit.log.file_format import canonical, line_hash
+from ctxkit.log.sequencer import stamp, stamp_line, stamp_lines
 
 PREV = "ab" * 32
 

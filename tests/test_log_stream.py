@@ -9,7 +9,7 @@ import pytest
 
 from ctxkit.errors import LogFormatError, TornLineError
 from ctxkit.events import Message, ToolResult
-from ctxkit.log import EventLog, iter_events, read_events, verify
+from ctxkit.log.event_log import EventLog, iter_events, read_events, verify
 
 N_EVENTS = 4000
 CONTENT = 2000  # characters of tool output per event: ~2.2 KB lines, ~9 MB of log

@@ -1,6 +1,6 @@
 """`lock="writer"`: one handle owns a log from open to close. Other writers (in this process or another) are
 refused with `LogLockedError` naming the holder, nothing interleaves, a SIGKILLed owner loses nothing
-acknowledged and lets go, and readers never hang behind an idle owner (see `ctxkit.log_locks`)."""
+acknowledged and lets go, and readers never hang behind an idle owner (see `ctxkit.log.locks`)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ import time
 
 import pytest
 
-from ctxkit.cli import main
+from ctxkit.cli.parser import main
 from ctxkit.errors import ConfigError, LogFormatError, LogLockedError, TornLineError
 from ctxkit.events import Message
-from ctxkit.log import EventLog, iter_events, read_events, repair, verify
-from ctxkit import log_locks
-from ctxkit.log_locks import lock_path
+from ctxkit.log.event_log import EventLog, iter_events, read_events, repair, verify
+from ctxkit.log import locks as log_locks
+from ctxkit.log.locks import lock_path
 from log_killer import body, kill_mid_append, writer_script
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals and flock")
@@ -106,7 +106,7 @@ def test_a_dropped_owner_lets_go(tmp_path):
 HOLDER = r"""
 import sys
 from ctxkit.events import Message
-from ctxkit.log import EventLog
+from ctxkit.log.event_log import EventLog
 log = EventLog.open(sys.argv[1], lock="writer")
 log.append(Message(role="user", content="held"))
 print("ready", flush=True)
@@ -145,7 +145,7 @@ def test_another_process_is_refused_then_waits_with_a_timeout(tmp_path):
 TAKER = r"""
 import os, sys, time
 from ctxkit.events import Message
-from ctxkit.log import EventLog
+from ctxkit.log.event_log import EventLog
 path, k, n, go = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 while not os.path.exists(go):
     time.sleep(0.001)

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ctxkit.render_segments import message_key
+from ctxkit.text.rendering.segments import message_key
 
 KNOWN = frozenset({"role", "content", "tool_calls", "tool_call_id", "name", "reasoning_content", "token_ids"})
 

@@ -1,4 +1,4 @@
-"""ctxkit.mismatch: quantiles, buckets, correction shares and the trap on hand-built steps (exact values),
+"""ctxkit.training.mismatch: quantiles, buckets, correction shares and the trap on hand-built steps (exact values),
 the llama.cpp transform order, CLI errors, and (slow) the control: transformers sampling vs its own
 recompute on a real SmolLM2 log, ratios within 1e-4 of 1."""
 
@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ctxkit.cli import main
+from ctxkit.cli.parser import main
 from ctxkit.errors import ConfigError
-from ctxkit.mismatch import ScoredStep, analyze, processed_logprobs, quantiles
-from ctxkit.mismatch.stats import bucketize, kind_stats, trap_stats
+from ctxkit.training.mismatch import ScoredStep, analyze, processed_logprobs, quantiles
+from ctxkit.training.mismatch.stats import bucketize, kind_stats, trap_stats
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -146,7 +146,7 @@ def test_control_transformers_sampling_vs_its_own_recompute(tmp_path, hf_tokeniz
 
 
 def test_unknown_order_override_is_refused_before_reading(tmp_path):
-    from ctxkit.mismatch.scoring import score_steps
+    from ctxkit.training.mismatch.scoring import score_steps
 
     with pytest.raises(ConfigError, match=r"order='sglang': unknown; expected one of \['hf', 'vllm', 'llama.cpp'\]"):
         score_steps(tmp_path / "never-read.jsonl", None, order="sglang")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ctxkit import models
+from ctxkit.context import models
 from ctxkit.errors import ConfigError, CtxkitError
 from conftest import missing_fixture, require_module, tokenizer_dir
 

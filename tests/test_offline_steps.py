@@ -9,17 +9,17 @@ import dataclasses
 import pytest
 
 from trajectory_logs import qwen, sweagent_conversation, tau_conversation, tau_episodes, write_offline_log
-from ctxkit.audit import audit
-from ctxkit.builder import ContextBuilder
-from ctxkit.conversation import import_conversation
+from ctxkit.training.preflight import audit
+from ctxkit.context.builder import ContextBuilder
+from ctxkit.log.conversation import import_conversation
 from ctxkit.errors import ConfigError
 from ctxkit.events import LOGPROB_KINDS, EpisodeStart, Message, Step, message_to_openai
-from ctxkit.log import EventLog, read_events
-from ctxkit.log_replay import verify_log
-from ctxkit.offline_steps import OFFLINE_BUDGET, add_offline_steps
-from ctxkit.rendering import encode_assistant_turn, render
-from ctxkit.tokenizers import load_tokenizer
-from ctxkit.training_samples import samples
+from ctxkit.log.event_log import EventLog, read_events
+from ctxkit.training.context_replay import verify_log
+from ctxkit.training.offline_steps import OFFLINE_BUDGET, add_offline_steps
+from ctxkit.text.rendering.renderer import encode_assistant_turn, render
+from ctxkit.text.tokenizer.loader import load_tokenizer
+from ctxkit.training.episode_samples import samples
 
 
 def assistant_ids_in_order(steps):
@@ -106,7 +106,7 @@ def test_tau_bench_replays_gives_samples_and_audits_as_offline(tmp_path, capsys)
     assert [(c.name, c.checked, c.failed) for c in report.checks] == [
         ("record", 15, 0), ("rewards", 1, 0), ("distributions", 0, 0), ("ends", 1, 0), ("resume", 0, 0)]
     assert "offline log (not resumable): seq 13: tool call id 'call_HGn16KZh9oNCruxsMJ4gYXan' reused" in str(report.checks[4].warnings[0])
-    from ctxkit.cli import main
+    from ctxkit.cli.parser import main
 
     assert main(["audit", str(path)]) == 0
     assert ("offline: 1 of 1 log(s) hold only offline steps (logprob_kind 'none', no behaviour log-probs): usable for "

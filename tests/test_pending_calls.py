@@ -9,14 +9,14 @@ import json
 import pytest
 
 from conftest import tokenizer_dir
-from ctxkit.builder import ContextBuilder, rebuild
-from ctxkit.cli import main
-from ctxkit.compress.base import BaseCompressor
-from ctxkit.conversation import import_conversation
+from ctxkit.context.builder import ContextBuilder, rebuild
+from ctxkit.cli.parser import main
+from ctxkit.context.compress.base import BaseCompressor
+from ctxkit.log.conversation import import_conversation
 from ctxkit.edits import DropEdit
 from ctxkit.errors import InvariantError, MessageFormatError, ToolPairingError
-from ctxkit.log import EventLog, MemoryLog
-from ctxkit.rendering import render
+from ctxkit.log.event_log import EventLog, MemoryLog
+from ctxkit.text.rendering.renderer import render
 
 
 def call(cid: str, name: str, args: dict) -> dict:

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from ctxkit.events import Message, Pin, ToolResult, Unpin
-from ctxkit.pins import RULESET, active_pins, classify, detect_constraints, new_detections, pin_id_for, split_sentences
+from ctxkit.context.pins import RULESET, active_pins, classify, detect_constraints, new_detections, pin_id_for, split_sentences
 
 
 def stamp(events):

@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 
 from conftest import tokenizer_dir
-from ctxkit.builder import ContextBuilder, rebuild
-from ctxkit.compress import COMPRESSORS
-from ctxkit.log import MemoryLog
+from ctxkit.context.builder import ContextBuilder, rebuild
+from ctxkit.context.compress import COMPRESSORS
+from ctxkit.log.event_log import MemoryLog
 from ctxkit.errors import BudgetError
 from ctxkit.events import Compaction, Pin
 
@@ -21,8 +21,8 @@ BUDGETS = (2000, 4000, 8000)
 @pytest.fixture(scope="module")
 def setup():
     from ctxkit.benchmarks.build_bench import episode_events
-    from ctxkit.templates import load_template
-    from ctxkit.tokenizers import load_tokenizer
+    from ctxkit.text.template.chat_template import load_template
+    from ctxkit.text.tokenizer.loader import load_tokenizer
 
     tok = load_tokenizer(str(tokenizer_dir("qwen2.5-instruct")))
     tpl = load_template(None, tok)
@@ -33,7 +33,7 @@ def setup():
 
 def params_for(name):
     if name.startswith("summarize"):
-        from ctxkit.summarizers import CallableSummarizer
+        from ctxkit.context.summarizers import CallableSummarizer
 
         return {"summarizer": CallableSummarizer(lambda ms: " ".join((m.get("content") or "")[:60] for m in ms),
                                                  id="prefixes")}

@@ -9,8 +9,8 @@ import pytest
 
 from conftest import shared_path, tokenizer_dir
 from ctxkit.errors import MessageFormatError, RenderError, TemplateError
-from ctxkit.rendering import Drift, MessageSpan, context_hash, encode_assistant_turn, render
-from ctxkit.tokenizers import load_tokenizer
+from ctxkit.text.rendering.renderer import Drift, MessageSpan, context_hash, encode_assistant_turn, render
+from ctxkit.text.tokenizer.loader import load_tokenizer
 
 PLAIN = [
     {"role": "system", "content": "Be brief."},

@@ -8,8 +8,8 @@ import random
 import pytest
 
 from conftest import tokenizer_dir
-from ctxkit.rendering import render
-from ctxkit.tokenizers import load_tokenizer
+from ctxkit.text.rendering.renderer import render
+from ctxkit.text.tokenizer.loader import load_tokenizer
 from render_cases import conversation
 
 N_CONVERSATIONS = 300
@@ -99,7 +99,7 @@ def test_chatml_tiktoken_matches_tiktoken(encoding, tiktoken_dir):
     """chatml-tools-v1 through a tiktoken encoding: ids equal tiktoken's own encoding of the rendered text;
     the mask equals the generation-prompt .. <|im_end|> span of every assistant turn."""
     tok = load_tokenizer(f"tiktoken:{encoding}")
-    from ctxkit.templates import load_template
+    from ctxkit.text.template.chat_template import load_template
 
     tpl = load_template("chatml-tools-v1", tok)
     enc = tok.encoding

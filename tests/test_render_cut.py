@@ -1,4 +1,4 @@
-"""`IncrementalRenderer.cut` (`ctxkit.render_cut`): a renderer cut back to a prefix of its messages and given
+"""`IncrementalRenderer.cut` (`ctxkit.text.rendering.cut`): a renderer cut back to a prefix of its messages and given
 other messages after it renders exactly what a fresh renderer renders (ids, mask, roles, spans, drifts,
 hash, special-token reports), for random edits on local (Qwen2.5, SmolLM2) and non-local (Qwen3) templates.
 """
@@ -14,11 +14,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import tokenizer_dir
-from ctxkit.compressor_check import episode_text
+from ctxkit.context.compressor_check import episode_text
 from ctxkit.errors import ConfigError, RenderError
-from ctxkit.render_cut import made_call_ids
-from ctxkit.rendering import IncrementalRenderer, encode_assistant_turn, render
-from ctxkit.tokenizers import load_tokenizer
+from ctxkit.text.rendering.cut import made_call_ids
+from ctxkit.text.rendering.renderer import IncrementalRenderer, encode_assistant_turn, render
+from ctxkit.text.tokenizer.loader import load_tokenizer
 
 TOOLS = [{"type": "function", "function": {"name": "run", "description": "Run a shell command.",
                                            "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}},

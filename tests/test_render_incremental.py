@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from conftest import tokenizer_dir
 from ctxkit.errors import RenderError
-from ctxkit.rendering import IncrementalRenderer, context_hash, encode_assistant_turn, render
-from ctxkit.tokenizers import load_tokenizer
+from ctxkit.text.rendering.renderer import IncrementalRenderer, context_hash, encode_assistant_turn, render
+from ctxkit.text.tokenizer.loader import load_tokenizer
 from render_cases import conversation
 
 FAMILIES = {
@@ -180,7 +180,7 @@ def test_hash_resumes_from_checkpoints_over_long_contexts():
     """The context hash is resumed from checkpoints every `HASH_STEP` tokens: over a context of many steps,
     with appends, cuts back to an earlier message and sampled ids, every render's hash equals
     `context_hash` of its ids, and a fresh full render's."""
-    from ctxkit.render_output import HASH_STEP
+    from ctxkit.text.rendering.output import HASH_STEP
 
     tok = load_tokenizer(str(tokenizer_dir("qwen2.5-instruct")))
     rng = random.Random("hash-checkpoints")

@@ -1,4 +1,4 @@
-"""Renders after compactions re-use segment ids (`ctxkit.render_segments`) and stay identical to a full render.
+"""Renders after compactions re-use segment ids (`ctxkit.text.rendering.segments`) and stay identical to a full render.
 
 At EVERY build of every registered compressor over generated episodes (hypothesis), the builder's
 context (ids, loss mask, roles, spans, hash, special-token reports) equals a fresh `render()` of the same
@@ -16,15 +16,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import tokenizer_dir
-from ctxkit.builder import ContextBuilder
-from ctxkit.compress import COMPRESSORS, make_compressor
-from ctxkit.compressor_check import episode_text
+from ctxkit.context.builder import ContextBuilder
+from ctxkit.context.compress import COMPRESSORS, make_compressor
+from ctxkit.context.compressor_check import episode_text
 from ctxkit.errors import BudgetError
 from ctxkit.events import Compaction, EpisodeStart, Message, Step, ToolCall, ToolResult
-from ctxkit.log import MemoryLog
-from ctxkit.render_segments import SegmentCache, encode_segments, safe_opener
-from ctxkit.rendering import encode_assistant_turn, render
-from ctxkit.tokenizers import load_tokenizer
+from ctxkit.log.event_log import MemoryLog
+from ctxkit.text.rendering.segments import SegmentCache, encode_segments, safe_opener
+from ctxkit.text.rendering.renderer import encode_assistant_turn, render
+from ctxkit.text.tokenizer.loader import load_tokenizer
 
 TOOLS = [{"type": "function", "function": {"name": "run", "description": "Run a shell command.",
                                            "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}},
@@ -165,7 +165,7 @@ def test_every_build_on_real_trajectories_equals_a_full_render(file, index):
     """Real trajectories (offline steps, every compressor at 50 % of the full length, where it fits):
     every context built equals a full render of its view, for every episode the compressor matrix runs on."""
     from test_trajectories import episodes, window_budget
-    from ctxkit.offline_steps import add_offline_steps
+    from ctxkit.training.offline_steps import add_offline_steps
 
     t = tok("qwen2.5-instruct")
     ep = episodes(file)[index]

@@ -1,4 +1,4 @@
-"""`ctxkit.render_splice`: a renderer cut back to a shared prefix, given a changed block and the old view's kept
+"""`ctxkit.text.rendering.splice`: a renderer cut back to a shared prefix, given a changed block and the old view's kept
 suffix, splices its text (and the kept tail's ids) from the old render and windows around the block; every
 result equals a fresh render (ids, mask, roles, spans, drifts, hash, special-token reports), for random
 front drops, masked / truncated / replaced middle blocks and inserted blocks, on local (Qwen2.5, SmolLM2) and
@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ctxkit.render_segments import SegmentCache
-from ctxkit.rendering import IncrementalRenderer, render
+from ctxkit.text.rendering.segments import SegmentCache
+from ctxkit.text.rendering.renderer import IncrementalRenderer, render
 from test_render_cut import TOOLS, conversation, tok
 
 TOKENIZERS = ("qwen2.5-instruct", "smollm2-135m-instruct", "qwen3")
@@ -100,8 +100,8 @@ def test_a_front_drop_is_spliced_on_a_local_template(name):
 
 def sampled_variants(rng: random.Random, t, chat: list[dict]) -> list[dict]:
     """`chat` with some sampled turns cut by length (no end-of-turn id) or drifting by a token more or less."""
-    from ctxkit.template_profile import template_profile
-    from ctxkit.templates import load_template
+    from ctxkit.text.template.profile import template_profile
+    from ctxkit.text.template.chat_template import load_template
 
     eot = template_profile(t, load_template(None, t)).end_of_turn_id
     out = []

@@ -11,11 +11,11 @@ from hypothesis import strategies as st
 
 from conftest import tokenizer_dir
 from ctxkit.errors import RenderError
-from ctxkit.rendering import IncrementalRenderer, render
-from ctxkit.template_locality import scan_locality
-from ctxkit.template_profile import template_locality
-from ctxkit.templates import load_template
-from ctxkit.tokenizers import load_tokenizer
+from ctxkit.text.rendering.renderer import IncrementalRenderer, render
+from ctxkit.text.template.locality import scan_locality
+from ctxkit.text.template.profile import template_locality
+from ctxkit.text.template.chat_template import load_template
+from ctxkit.text.tokenizer.loader import load_tokenizer
 from render_cases import conversation
 
 LOCAL = [("qwen2.5-instruct", None, "qwen"), ("smollm2-135m-instruct", None, "smollm"),
@@ -193,7 +193,7 @@ def test_window_exact_on_generated_conversations(system, with_tools, steps):
 ])
 def test_trailing_prompt(source, expected):
     """The generation prompt is appended as a constant only for a final, constant, sole use of the flag."""
-    from ctxkit.template_locality import trailing_prompt
+    from ctxkit.text.template.locality import trailing_prompt
 
     assert trailing_prompt(source) == expected
 
@@ -209,7 +209,7 @@ def test_window_delta_from_a_marked_core_equals_full(name, template, family):
     """`window_delta` with a mark `(j, len(render(chat[:j])))` renders only the window with the new messages
     and gives what the window without a mark gives (the full renders where the check passes); a mark one
     character off fails its check (None), never a wrong text."""
-    from ctxkit.template_locality import window_delta, window_start
+    from ctxkit.text.template.locality import window_delta, window_start
 
     tok = _tok(name)
     tpl = load_template(template, tok)

@@ -12,12 +12,12 @@ import pytest
 
 from conftest import require_module, tokenizer_dir
 from rollout_driver import Driver, step_hashes
-from ctxkit.builder import ContextBuilder
-from ctxkit.compress import COMPRESSORS, compressor_class
+from ctxkit.context.builder import ContextBuilder
+from ctxkit.context.compress import COMPRESSORS, compressor_class
 from ctxkit.errors import BudgetError, ConfigError, LogFormatError, ReplayError
 from ctxkit.events import Compaction, Step, ToolResult
-from ctxkit.log import EventLog, read_events
-from ctxkit.log_replay import replay, verify_log
+from ctxkit.log.event_log import EventLog, read_events
+from ctxkit.training.context_replay import replay, verify_log
 
 HEAVY = {"summarize", "retrieve"}
 
@@ -119,7 +119,7 @@ def _true_first_diff(original: Path, tampered_ctx: tuple[int, ...], step_index: 
 
 
 def test_raw_byte_flip_in_tool_result_breaks_the_chain(tmp_path):
-    from ctxkit.cli import main
+    from ctxkit.cli.parser import main
 
     log = make_log(tmp_path / "raw.jsonl")
     path = log.path

@@ -14,11 +14,11 @@ from hypothesis import strategies as st
 
 from conftest import tokenizer_dir
 from rollout_driver import Driver, step_hashes
-from ctxkit.builder import ContextBuilder
+from ctxkit.context.builder import ContextBuilder
 from ctxkit.errors import ConfigError
 from ctxkit.events import EpisodeEnd, StateSnapshot, Step, ToolResult, event_to_dict
-from ctxkit.log import EventLog, read_events
-from ctxkit.log_replay import resume
+from ctxkit.log.event_log import EventLog, read_events
+from ctxkit.training.context_replay import resume
 
 SETUPS = {
     "keep-all": ({}, 4096),

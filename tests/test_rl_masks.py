@@ -1,4 +1,4 @@
-"""ctxkit.rl_masks: which tokens/sequences TIS, an IcePop token mask and TRL's sequence_mask touch."""
+"""ctxkit.training.rl_masks: which tokens/sequences TIS, an IcePop token mask and TRL's sequence_mask touch."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ctxkit.errors import ConfigError
-from ctxkit.rl_masks import TRL_SEQUENCE_CLIP_MAX, sequence_log_ratios, sequence_mask_keep, tis_touched, token_mask_keep
+from ctxkit.training.rl_masks import TRL_SEQUENCE_CLIP_MAX, sequence_log_ratios, sequence_mask_keep, tis_touched, token_mask_keep
 
 
 def test_tis_touches_ratios_strictly_above_clip():

@@ -1,4 +1,4 @@
-"""Seed checks of issue 4 (exact values) and properties of the RL arithmetic in `ctxkit.rl_math`."""
+"""Seed checks of issue 4 (exact values) and properties of the RL arithmetic in `ctxkit.training.rl_math`."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from ctxkit.errors import ConfigError
-from ctxkit.rl_math import (
+from ctxkit.training.rl_math import (
     behaviour_logprobs,
     gae,
     gather_logprobs,

@@ -10,13 +10,13 @@ from hypothesis import strategies as st
 
 from conftest import tokenizer_dir
 from rollout_driver import Driver
-from ctxkit.builder import ContextBuilder
+from ctxkit.context.builder import ContextBuilder
 from ctxkit.errors import ReplayError
 from ctxkit.events import Compaction, EpisodeEnd, EpisodeStart, Message, Step
-from ctxkit.log import EventLog
-from ctxkit.log_replay import replay
-from ctxkit.rl_math import masked_mean
-from ctxkit.training_samples import samples
+from ctxkit.log.event_log import EventLog
+from ctxkit.training.context_replay import replay
+from ctxkit.training.rl_math import masked_mean
+from ctxkit.training.episode_samples import samples
 
 
 def qwen() -> str:
@@ -108,7 +108,7 @@ def test_history_rewriting_template_splits_samples(tmp_path):
     log = EventLog.create(tmp_path / "mis.jsonl", episode_id="ep-m")
     log.extend([EpisodeStart(episode_id="ep-m", context=builder.describe(), sampler={"seed": 1, "temperature": 0.6}),
                 Message(role="system", content="Be brief."), Message(role="user", content="What is 2+2?")])
-    from ctxkit.rendering import encode_assistant_turn
+    from ctxkit.text.rendering.renderer import encode_assistant_turn
 
     for i, follow_up in enumerate(["What is 3+3?", None]):
         ctx = builder.build(log)

@@ -10,13 +10,13 @@ import pytest
 
 from conftest import require_module
 from trajectory_logs import tau_conversation, tau_episodes, write_offline_log
-from ctxkit.cli import main
-from ctxkit.conversation import import_conversation
+from ctxkit.cli.parser import main
+from ctxkit.log.conversation import import_conversation
 from ctxkit.errors import BudgetError, ConfigError
 from ctxkit.events import Step
-from ctxkit.export import PARQUET_SCHEMA, parquet_info, read_samples
-from ctxkit.log import read_events
-from ctxkit.training_samples import compressed_samples, samples
+from ctxkit.training.sample_files import PARQUET_SCHEMA, parquet_info, read_samples
+from ctxkit.log.event_log import read_events
+from ctxkit.training.episode_samples import compressed_samples, samples
 
 BUDGET = 6000  # the full episode reaches 7819 tokens; its system prompt and 14 tool schemas take 3878
 

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from ctxkit.errors import ConfigError, StateError
 from ctxkit.events import Message, StateSnapshot
-from ctxkit.log import EventLog, read_events
-from ctxkit.state import (
+from ctxkit.log.event_log import EventLog, read_events
+from ctxkit.log.state import (
     BlobStore,
     DirectoryState,
     JsonState,

@@ -6,7 +6,7 @@ import pytest
 
 from conftest import require_module
 from ctxkit.errors import ConfigError
-from ctxkit.summarizers import (
+from ctxkit.context.summarizers import (
     SUMMARIZERS,
     CallableSummarizer,
     ExtractiveSummarizer,
@@ -145,7 +145,7 @@ def test_lm_summarizer_real_smollm2_is_deterministic():
     second = s.summarize(CONVERSATION)
     assert first == second
     assert first.strip() and "<|im_end|>" not in first
-    from ctxkit.models import load_causal_lm
+    from ctxkit.context.models import load_causal_lm
 
     tok = load_causal_lm().hf_tokenizer
     assert len(tok.encode(first, add_special_tokens=False)) <= 24 + 1

@@ -1,7 +1,7 @@
 """Untrusted templates: render limits enforced inside the sandbox (time, output, sizes, recursion).
 
 Hostile templates run in a child process under an address-space limit (`RLIMIT_AS`), importing only
-`ctxkit.templates` (no torch, no transformers), so a regression fails the test instead of taking the
+`ctxkit.text.template.chat_template` (no torch, no transformers), so a regression fails the test instead of taking the
 machine down. The subprocess timeout is a safety net, never the assertion: the child reports what it
 raised and how much its peak memory grew.
 """
@@ -18,9 +18,9 @@ import pytest
 
 from conftest import REPO_ROOT, tokenizer_dir
 from ctxkit.errors import ConfigError, TemplateError
-from ctxkit.template_limits import DEFAULT_LIMITS, RenderLimits
-from ctxkit.templates import load_template
-from ctxkit.tokenizers import load_tokenizer
+from ctxkit.text.template.limits import DEFAULT_LIMITS, RenderLimits
+from ctxkit.text.template.chat_template import load_template
+from ctxkit.text.tokenizer.loader import load_tokenizer
 
 CL100K = "tiktoken:cl100k_base"
 """A tokenizer without a chat template (file templates get its BOS/EOS variables)."""
@@ -35,8 +35,8 @@ CHILD = r"""
 import hashlib, json, resource, sys
 resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
 from ctxkit.errors import TemplateError
-from ctxkit.template_limits import RenderLimits
-from ctxkit.templates import ChatTemplate
+from ctxkit.text.template.limits import RenderLimits
+from ctxkit.text.template.chat_template import ChatTemplate
 
 source, limits = sys.argv[1], json.loads(sys.argv[2])
 template = ChatTemplate(name="evil", sha256=hashlib.sha256(source.encode()).hexdigest(), source=source,
@@ -162,7 +162,7 @@ def test_real_templates_render_a_long_conversation_unchanged(name):
 
 
 def test_ctxkit_templates_render_a_long_conversation_unchanged():
-    from ctxkit.templates import available_templates, template_manifest
+    from ctxkit.text.template.chat_template import available_templates, template_manifest
 
     tok = load_tokenizer(str(tokenizer_dir("qwen2.5-instruct")))
     msgs, tools = long_conversation()
@@ -182,7 +182,7 @@ def test_cli_render_with_a_hostile_template_is_one_error_line(tmp_path):
     conv = tmp_path / "conv.json"
     conv.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}))
     proc = subprocess.run(
-        [sys.executable, "-m", "ctxkit.cli", "render", str(conv), "--template", str(evil),
+        [sys.executable, "-m", "ctxkit.cli.parser", "render", str(conv), "--template", str(evil),
          "--tokenizer", str(tokenizer_dir("qwen2.5-instruct"))],
         capture_output=True, text=True, timeout=300, cwd=REPO_ROOT,
         env=dict(os.environ, PYTHONPATH=str(REPO_ROOT), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1"),
@@ -196,7 +196,7 @@ def test_cli_render_with_a_hostile_template_is_one_error_line(tmp_path):
 
 
 def test_tojson_keeps_the_text_per_container_and_options():
-    from ctxkit.template_limits import tojson
+    from ctxkit.text.template.limits import tojson
 
     args = {"cmd": "ls -l", "n": [1, 2]}
     assert tojson(args) == '{"cmd": "ls -l", "n": [1, 2]}'

@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 from conftest import HF_TOKENIZERS, shared_path, tokenizer_dir
 from ctxkit.events import Message
-from ctxkit.importers import read_episodes, read_tools
-from ctxkit.tokenizer_files import (
+from ctxkit.log.importers import read_episodes, read_tools
+from ctxkit.text.tokenizer.hf_files import (
     BYTE_LEVEL_CHARS,
     NOT_ONE_BYTE_PER_CHAR,
     TokenLengths,
@@ -28,7 +28,7 @@ from ctxkit.tokenizer_files import (
     byte_level_layout,
     read_tokenizer_folder,
 )
-from ctxkit.tokenizers import load_tokenizer
+from ctxkit.text.tokenizer.loader import load_tokenizer
 
 BYTE_LEVEL = {"qwen2.5-instruct": True, "qwen3": True, "smollm2-135m-instruct": True, "mistral-7b-instruct-v0.3": False}
 """Which shared tokenizers take the running-sum starts (the Metaspace/byte-fallback Mistral keeps the offsets)."""

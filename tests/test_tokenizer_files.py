@@ -13,9 +13,9 @@ import sys
 import pytest
 
 from conftest import HF_TOKENIZERS, REPO_ROOT, tokenizer_dir
-from ctxkit.templates import load_template
-from ctxkit.tokenizer_files import read_tokenizer_folder
-from ctxkit.tokenizers import load_tokenizer
+from ctxkit.text.template.chat_template import load_template
+from ctxkit.text.tokenizer.hf_files import read_tokenizer_folder
+from ctxkit.text.tokenizer.loader import load_tokenizer
 
 IDS = {
     "mistral-7b-instruct-v0.3": "mistral-7b-instruct-v0.3@sha256:1d233f2977535f73",
@@ -75,7 +75,7 @@ def test_render_and_load_need_no_transformers():
     transformers nor torch."""
     code = (
         "import sys\n"
-        "from ctxkit.cli import main\n"
+        "from ctxkit.cli.parser import main\n"
         f"rc = main(['render', 'examples/agent_episode.json', '--tokenizer', {str(tokenizer_dir('qwen2.5-instruct'))!r}])\n"
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('transformers', 'torch'))\n"
         "print('HEAVY', rc, heavy, file=sys.stderr)\n"

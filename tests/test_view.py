@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from ctxkit.edits import DropEdit, MaskEdit, RetrievedEdit, SummaryEdit
 from ctxkit.errors import LogFormatError, MessageFormatError
 from ctxkit.events import Compaction, EpisodeStart, Message, Pin, Step, ToolCall, ToolResult, Unpin
-from ctxkit.view import (
+from ctxkit.context.view import (
     PINNED_HEADER,
     Provenance,
     ViewMessage,

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from ctxkit.edits import DropEdit, MaskEdit, SummaryEdit, TruncateEdit
 from ctxkit.errors import LogFormatError
 from ctxkit.events import Compaction, EpisodeStart, Message, Pin, Step, ToolCall, ToolResult, Unpin
-from ctxkit.view import (PairingScan, Provenance, ViewMessage, ViewState, apply_edits, apply_edits_to_list, make_view,
+from ctxkit.context.view import (PairingScan, Provenance, ViewMessage, ViewState, apply_edits, apply_edits_to_list, make_view,
                          pairing_problems)
 
 TOOLS = ({"type": "function", "function": {"name": "read", "parameters": {"type": "object"}}},)

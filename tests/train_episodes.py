@@ -22,7 +22,7 @@ def forced_logprobs(model, context_ids, ids) -> tuple[float, ...]:
     """The model's temperature-1 log-probs of `ids` following `context_ids` (one forward pass)."""
     import torch
 
-    from ctxkit.train import token_logprobs
+    from ctxkit.training.reference_step import token_logprobs
 
     seq = list(context_ids) + list(ids)
     with torch.no_grad():
@@ -33,8 +33,8 @@ def forced_logprobs(model, context_ids, ids) -> tuple[float, ...]:
 def tool_episode(path: Path, agent, builder, *, seed: int = 0, reward: float = 1.0, note: str = "alpha resolved",
                  episode_id: str = "train-0") -> Path:
     """Write the episode (see the module docstring) to `path`; returns it."""
-    from ctxkit.log import EventLog
-    from ctxkit.rendering import encode_assistant_turn
+    from ctxkit.log.event_log import EventLog
+    from ctxkit.text.rendering.renderer import encode_assistant_turn
 
     log = EventLog.create(path, episode_id=episode_id)
     try:

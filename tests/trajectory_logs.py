@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from conftest import shared_path, tokenizer_dir
-from ctxkit.conversation import import_conversation
+from ctxkit.log.conversation import import_conversation
 from ctxkit.events import EpisodeEnd
-from ctxkit.log import EventLog
-from ctxkit.offline_steps import add_offline_steps
+from ctxkit.log.event_log import EventLog
+from ctxkit.training.offline_steps import add_offline_steps
 
 
 def qwen() -> str:

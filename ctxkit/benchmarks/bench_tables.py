@@ -1,4 +1,4 @@
-"""Plain-text tables of `bench build`, `bench render` and `bench build --trajectories` results (Layer L4).
+"""Plain-text tables of `bench build`, `bench render` and `bench build --trajectories` results.
 
 Totals and ratios come first (medians alone flatter: the turns where a compressor rewrites the view are
 in the tail), then p50/p90/p99/max per build.

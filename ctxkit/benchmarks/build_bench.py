@@ -16,8 +16,6 @@ repeats), compactions, the total's ratio against LangChain and against encode-on
 context is within the budget in real tokens and equals a from-scratch render of its view (ids identical),
 and LangChain's over-budget and orphaned-tool-message counts. Model-backed arms (`MODEL_BACKED`) are
 reported separately: their first pass includes loading the model, so `first_pass_s` is shown too.
-
-Layer L4 (experiment): imports the library layers below it, never the CLI.
 """
 
 from __future__ import annotations
@@ -102,11 +100,11 @@ def _ctxkit_pass(tok, tpl, name, budget, wl: Workload, check: bool):
     """One pass: build before every turn, every cache of episode content empty at its start (`cold_start`).
     Returns (times, sizes, compactions, ids_ok, pins, error, spec name); `check` compares every context with a
     full render (an untimed pass of its own: the full renders would warm the tokenizer's caches)."""
-    from ctxkit.builder import ContextBuilder
+    from ctxkit.context.builder import ContextBuilder
     from ctxkit.errors import BudgetError
     from ctxkit.events import Compaction, Pin
-    from ctxkit.log import MemoryLog
-    from ctxkit.rendering import render
+    from ctxkit.log.event_log import MemoryLog
+    from ctxkit.text.rendering.renderer import render
 
     cold_start(tok)
     builder = ContextBuilder(tok, tpl, name, budget)
@@ -136,8 +134,8 @@ def _ctxkit_pass(tok, tpl, name, budget, wl: Workload, check: bool):
 def fits_with(tok, tpl, name: str, wl: Workload) -> Callable[[int], None]:
     """A callable that builds every decision of `wl` with compressor `name` at a budget (raising `BudgetError`
     when one does not fit): `workload.budget_from_fraction`'s fit test."""
-    from ctxkit.builder import ContextBuilder
-    from ctxkit.log import MemoryLog
+    from ctxkit.context.builder import ContextBuilder
+    from ctxkit.log.event_log import MemoryLog
 
     def fits(budget: int) -> None:
         builder = ContextBuilder(tok, tpl, name, budget)
@@ -221,7 +219,7 @@ def require_langchain() -> None:
     try:
         import langchain_core.messages  # noqa: F401
     except ImportError as exc:
-        from ctxkit.models import MissingExtraError
+        from ctxkit.context.models import MissingExtraError
 
         raise MissingExtraError("langchain-core", "test", "ctxkit bench build (its LangChain baseline arm)") from exc
 
@@ -284,8 +282,8 @@ def run(tokenizer_spec: str, *, turns: int = 200, budget: int = 16_000, compress
         repeats: int = 3, progress=None) -> BuildBenchResult:
     """The synthetic episode of `turns` turns at a fixed `budget` (the default `bench build`)."""
     from ctxkit.benchmarks.workload import synthetic_workload
-    from ctxkit.templates import load_template
-    from ctxkit.tokenizers import load_tokenizer
+    from ctxkit.text.template.chat_template import load_template
+    from ctxkit.text.tokenizer.loader import load_tokenizer
 
     tok = load_tokenizer(tokenizer_spec)
     tpl = load_template(None, tok)

@@ -1,4 +1,4 @@
-"""`ctxkit bench log`: `EventLog` append rates against bare loops, side by side in one run (Layer L4).
+"""`ctxkit bench log`: `EventLog` append rates against bare loops, side by side in one run.
 
 Arms, each on its own fresh log in one folder, over the same ~450-byte events (a `ToolResult` whose line,
 with its `prev` and `hash`, is about 450 bytes), the log arms once per lock mode (`EventLog(lock=...)`:
@@ -34,7 +34,7 @@ from typing import Any, Callable
 import orjson
 
 from ctxkit.events import ToolResult
-from ctxkit.log import EventLog
+from ctxkit.log.event_log import EventLog
 
 __all__ = ["LOCK_SUFFIX", "LogBenchArm", "LogBenchResult", "bench_events", "run"]
 

@@ -7,8 +7,6 @@ with the generation prompt; special-token text allowed, as `apply_chat_template`
 `apply_chat_template(tokenize=True)` on the whole history, and encoding only the new text (the physical
 limit). Reported per arm: the whole-episode total, p50/p90/p99/max per turn, and the total's ratio
 against apply_chat_template and against encode-only; ids are compared at every turn.
-
-Layer L4 (experiment): imports the library layers below it, never the CLI.
 """
 
 from __future__ import annotations
@@ -78,8 +76,8 @@ def run(tokenizer_spec: str, turns: int = 200, repeats: int = 3, template: str |
         progress=None) -> RenderBenchResult:
     """The synthetic episode of `turns` turns (the default `bench render`)."""
     from ctxkit.benchmarks.workload import synthetic_workload
-    from ctxkit.templates import load_template
-    from ctxkit.tokenizers import load_tokenizer
+    from ctxkit.text.template.chat_template import load_template
+    from ctxkit.text.tokenizer.loader import load_tokenizer
 
     tok = load_tokenizer(tokenizer_spec)
     tpl = load_template(template, tok)
@@ -97,7 +95,7 @@ def _require_hf(tok) -> None:
 def run_workload(tok, tpl, wl, *, repeats: int = 3, progress=None) -> RenderBenchResult:
     """Run the three arms over one workload (see the module docstring)."""
     from ctxkit.benchmarks.workload import cold_start, encode_only_times, new_text_deltas, summarize_times
-    from ctxkit.rendering import IncrementalRenderer
+    from ctxkit.text.rendering.renderer import IncrementalRenderer
 
     _require_hf(tok)
     head = wl.chats(wl.head)

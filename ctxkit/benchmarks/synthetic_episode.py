@@ -1,4 +1,4 @@
-"""The synthetic benchmark episode: a coding agent's tool calls with ~300-word outputs (Layer L4).
+"""The synthetic benchmark episode: a coding agent's tool calls with ~300-word outputs.
 
 `build_episode(turns, seed)` is deterministic for a seed; `bench render` and `bench build` replay it when no
 `--episode` is given (about 70k Qwen2.5 tokens at 200 turns).

@@ -1,4 +1,4 @@
-"""`ctxkit bench build --trajectories [FOLDER]`: `bench build` over every trajectory file of a folder (Layer L4).
+"""`ctxkit bench build --trajectories [FOLDER]`: `bench build` over every trajectory file of a folder.
 
 Default folder: `../shared/trajectories`. Each data file is read with `read_episodes(format="auto")`; a tool
 schema file (`<source>__*_tools.json`, a JSON list of tool schemas) is given to the trajectory files of the
@@ -40,9 +40,9 @@ def run(tokenizer_spec: str, folder: str | Path, *, fraction: float = 0.5, compr
     """Rows of the table (see the module docstring); `compressors` default to `build_bench.DEFAULT_COMPRESSORS`."""
     from ctxkit.benchmarks import build_bench
     from ctxkit.benchmarks.workload import budget_from_fraction, episode_workloads
-    from ctxkit.importers import read_episodes
-    from ctxkit.templates import load_template
-    from ctxkit.tokenizers import load_tokenizer
+    from ctxkit.log.importers import read_episodes
+    from ctxkit.text.template.chat_template import load_template
+    from ctxkit.text.tokenizer.loader import load_tokenizer
 
     build_bench.require_langchain()
     tok = load_tokenizer(tokenizer_spec)

@@ -1,4 +1,4 @@
-"""Benchmark workloads: an episode cut at its decision points, timing statistics, budget fitting (Layer L4).
+"""Benchmark workloads: an episode cut at its decision points, timing statistics, budget fitting.
 
 A `Workload` is one episode as the benchmarks replay it: `head` (the events before the first assistant
 turn) and `turns` (per assistant turn: its `Step` and every event up to the next one). A context is built
@@ -40,7 +40,7 @@ class Workload:
 
     def chats(self, events: Sequence[Any]) -> list[dict]:
         """OpenAI messages of chat-shaped `events` (what the view renders for them, sampled ids dropped)."""
-        from ctxkit.view import message_of
+        from ctxkit.context.view import message_of
 
         out = []
         for e in events:
@@ -120,7 +120,7 @@ def full_length(wl: Workload, tok: Any, tpl: Any) -> int:
     last = wl.turns[-1][0]
     if getattr(last, "context_length", None):
         return max(s[0].context_length + len(s[0].token_ids) for s in wl.turns)
-    from ctxkit.rendering import render
+    from ctxkit.text.rendering.renderer import render
 
     msgs = wl.chats(wl.head) + [c for t in wl.turns[:-1] for c in wl.chats(t)] + wl.chats(wl.turns[-1][:1])
     return len(render(msgs, tok, tpl, tools=wl.tools_or_none).token_ids)
@@ -131,7 +131,7 @@ def synthetic_workload(turns: int, tok: Any, tpl: Any, seed: int = 0) -> Workloa
     tool call (a `Step` with its ids) and a ~300-word tool result."""
     from ctxkit.benchmarks.synthetic_episode import build_episode
     from ctxkit.events import EpisodeStart, Message, Step, ToolCall, ToolResult
-    from ctxkit.rendering import encode_assistant_turn
+    from ctxkit.text.rendering.renderer import encode_assistant_turn
 
     head, steps, tools = build_episode(turns, seed)
     events: list = [EpisodeStart(episode_id="bench-build", tools=tuple(tools))]
@@ -151,8 +151,8 @@ def episode_workloads(path: str, tok: Any, tpl: Any, *, select: str | None = Non
     """Workloads of every episode of a conversation or trajectory file (or those `select` names), with
     assistant turns made into offline steps; `tools_file` replaces the file's tool schemas."""
     from ctxkit.events import Step
-    from ctxkit.importers import read_episodes, read_tools
-    from ctxkit.offline_steps import add_offline_steps
+    from ctxkit.log.importers import read_episodes, read_tools
+    from ctxkit.training.offline_steps import add_offline_steps
 
     tools = read_tools(tools_file) if tools_file else None
     out = []
@@ -216,7 +216,7 @@ def cold_start(tok: Any) -> None:
     """Empty every cache that holds episode content (the tokenizer's counts and piece encodings, pin
     detections by text), so a timed pass pays for all of its own text, as a worker's first sight of an
     episode does. Caches of configuration (compiled templates, template profiles) stay warm."""
-    from ctxkit.pins import clear_detection_cache
+    from ctxkit.context.pins import clear_detection_cache
 
     tok.clear_caches()
     clear_detection_cache()

@@ -1,4 +1,4 @@
-"""The A/B compression harness (L4): tasks, agents, runner, metrics, statistics and report.
+"""The A/B compression harness: tasks, agents, runner, metrics, statistics and report.
 
 Modules (imported on use; nothing heavy loads with the package):
 

@@ -1,4 +1,4 @@
-"""Experiment configs: a TOML file read into frozen dataclasses, every key checked (L4).
+"""Experiment configs: a TOML file read into frozen dataclasses, every key checked.
 
 ```toml
 name = "quickstart"
@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ctxkit.errors import ConfigError
-from ctxkit.tokenizers import SHARED_ENV, shared_dir
+from ctxkit.text.tokenizer.loader import SHARED_ENV, shared_dir
 
 __all__ = [
     "Limits",
@@ -106,7 +106,7 @@ class ArmConfig:
     name: str
     """Arm name (also its folder under `episodes/`)."""
     compressor: str
-    """Key of `ctxkit.compress.COMPRESSORS`."""
+    """Key of `ctxkit.context.compress.COMPRESSORS`."""
     params: Mapping[str, Any]
     """Compressor parameters."""
     budget: int

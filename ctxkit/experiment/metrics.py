@@ -3,8 +3,6 @@
 `episode_metrics(events, steps, wall_s)` turns an episode's events plus the runner's per-step measurements
 into one results row. Everything except the `timing` sub-dict is a deterministic function of the episode
 (same config, same row); `timing` holds wall-clock seconds and is left out when rows are compared.
-
-Layer L4 (experiment): imports the library layers below it, never the CLI.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The A/B report: per-arm tables, paired bootstrap CIs against the baseline, where time goes, plots (L4).
+"""The A/B report: per-arm tables, paired bootstrap CIs against the baseline, where time goes, plots.
 
 `summarize(rows, baseline=...)` computes everything from results rows (pure); `write_report(run_dir)`
 reads `results.jsonl` and `run.json` and writes `report.md`, `quality_vs_tokens.png` and

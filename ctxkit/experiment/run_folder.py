@@ -1,4 +1,4 @@
-"""The files of an ablation run folder: `results.jsonl` rows, `run.json`, and the folder's lock (L4).
+"""The files of an ablation run folder: `results.jsonl` rows, `run.json`, and the folder's lock.
 
 Both the runner (which writes a run) and the report (which reads one) use this module; neither imports
 the other's internals, so `runner -> report -> run_folder` has no cycle.
@@ -11,8 +11,6 @@ the other's internals, so `runner -> report -> run_folder` has no cycle.
 - `RunLock(dir)` is an exclusive lock on the run folder (`fcntl.flock` on `DIR/.ctxkit-run.lock`): the OS
   releases it when the process exits, however it dies, so a lock left by a killed run never blocks a rerun.
 - `open_run_folder(dir)` checks the path, creates the folder, and takes the lock, with typed errors.
-
-Layer L4 (experiment): imports the library layers below it, never the CLI.
 """
 
 from __future__ import annotations

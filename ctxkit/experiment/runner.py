@@ -1,4 +1,4 @@
-"""The A/B runner: validate a config, run the paired grid on local processes or Ray, resume, report (L4).
+"""The A/B runner: validate a config, run the paired grid on local processes or Ray, resume, report.
 
 `run_experiment(config, out_dir, executor="local"|"ray", workers=N, address=None)`:
 
@@ -101,13 +101,13 @@ def config_fingerprint(config: ExperimentConfig) -> str:
 
 def validate(config: ExperimentConfig) -> None:
     """Check everything the grid needs before any episode runs (see the module docstring)."""
-    from ctxkit.builder import ContextBuilder
-    from ctxkit.compress import make_compressor
+    from ctxkit.context.builder import ContextBuilder
+    from ctxkit.context.compress import make_compressor
     from ctxkit.events import EpisodeStart, message_from_openai
     from ctxkit.experiment.agents.base import agent_class
     from ctxkit.experiment.tasks.base import make_task
-    from ctxkit.log import EventLog
-    from ctxkit.tokenizers import load_tokenizer
+    from ctxkit.log.event_log import EventLog
+    from ctxkit.text.tokenizer.loader import load_tokenizer
 
     path = config.path
     try:
@@ -165,7 +165,7 @@ def validate(config: ExperimentConfig) -> None:
 
 
 def _log_finished(path: Path) -> bool:
-    from ctxkit.log import read_events, verify
+    from ctxkit.log.event_log import read_events, verify
 
     if not path.exists():
         return False

@@ -1,8 +1,6 @@
 """Statistics for the A/B report: quantiles, paired bootstrap confidence intervals, the pipelining bound.
 
 All numpy, all seeded: the same results give the same report.
-
-Layer L4 (experiment): imports the library layers below it, never the CLI.
 """
 
 from __future__ import annotations

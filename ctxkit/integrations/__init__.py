@@ -1,2 +1,2 @@
-"""Glue between ctxkit samples and training frameworks (Layer L4). `ctxkit.integrations.trl`: TRL's GRPO
+"""Glue between ctxkit samples and training frameworks. `ctxkit.integrations.trl`: TRL's GRPO
 rollout function and SFT dataset adapter. Nothing here is imported by `import ctxkit`."""

@@ -1,4 +1,4 @@
-"""TRL glue: GRPO rollouts whose contexts ctxkit builds, and SFT on `ctxkit samples` output (Layer L4).
+"""TRL glue: GRPO rollouts whose contexts ctxkit builds, and SFT on `ctxkit samples` output.
 
 Written against TRL 1.16 (`trl/trainer/grpo_trainer.py`, `trl/trainer/sft_trainer.py`); docs/TRAINING.md
 cites the lines each choice rests on.
@@ -10,7 +10,7 @@ each already repeated `num_generations` times by TRL's sampler, and expects one 
 such a function: per prompt entry it runs one multi-turn tool episode of a ctxkit task with the policy
 the trainer is training (its live weights, via `TransformersAgent`), every context built by a
 `ContextBuilder` (compressor, budget, pins) and every event logged in an `EventLog` under `out_dir`. The
-log is then turned into a training sample (`ctxkit.training_samples.samples`: replayed, hash-checked)
+log is then turned into a training sample (`ctxkit.training.episode_samples.samples`: replayed, hash-checked)
 and split for TRL by `sample_to_rollout`: the first step's context is the prompt; everything after it
 (sampled turns, tool results, scaffold) is the completion; `env_mask` is the sample's loss mask there
 (so tool tokens stay out of the loss); `logprobs` are the behaviour log-probs on sampled tokens and None
@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from ctxkit.errors import BudgetError, ConfigError
-from ctxkit.training_samples import TrainingSample
+from ctxkit.training.episode_samples import TrainingSample
 
 __all__ = [
     "EpisodeRollout", "RolloutRow", "SPLIT_POLICIES", "episode_rollout", "reward_func", "rollout_batch",
@@ -97,7 +97,7 @@ def sample_to_rollout(sample: TrainingSample, *, log: str = "") -> RolloutRow:
 
 def episode_rollout(log_path: str | Path, *, on_split: str = "error") -> RolloutRow:
     """The GRPO rollout of one logged episode (replayed and hash-checked by `training_samples.samples`)."""
-    from ctxkit.training_samples import samples
+    from ctxkit.training.episode_samples import samples
 
     if on_split not in SPLIT_POLICIES:
         raise ConfigError(f"on_split={on_split!r}: expected one of {list(SPLIT_POLICIES)}")
@@ -146,7 +146,7 @@ def trainable_copy(model: Any) -> Any:
     `Trainer` refuses a "purely quantized" model (`transformers/trainer_utils.py`,
     `validate_quantization_for_training`). The copy drops those marks
     after checking that every parameter really is floating point (`ConfigError` naming one that is not).
-    The original (shared by `ctxkit.models`' cache) is left untouched.
+    The original (shared by `ctxkit.context.models`' cache) is left untouched.
     """
     import copy
 
@@ -192,7 +192,7 @@ def run_tool_episode(path: str | Path, *, task: Any, seed: int, builder: Any, ag
     from ctxkit.events import EpisodeStart, ToolResult, message_from_openai
     from ctxkit.experiment.agents.base import to_step
     from ctxkit.experiment.tasks.tools import InvalidToolCall
-    from ctxkit.log import EventLog
+    from ctxkit.log.event_log import EventLog
 
     episode = task.episode(seed, Path(workdir))
     log = EventLog.create(path, episode_id=episode_id)
@@ -256,9 +256,9 @@ class EpisodeRollout:
                  pins: bool = False, max_steps: int = 4, temperature: float = 1.0, top_p: float = 1.0,
                  max_new_tokens: int = 16, on_split: str = "error"):
         """Check the configuration and build the task and context builder (the model is bound per call)."""
-        from ctxkit.builder import ContextBuilder
+        from ctxkit.context.builder import ContextBuilder
         from ctxkit.experiment.tasks.base import make_task
-        from ctxkit.tokenizers import Tokenizer, load_tokenizer
+        from ctxkit.text.tokenizer.loader import Tokenizer, load_tokenizer
 
         if on_split not in SPLIT_POLICIES:
             raise ConfigError(f"on_split={on_split!r}: expected one of {list(SPLIT_POLICIES)}")
@@ -334,7 +334,7 @@ def _seed_of(prompt: Any, index: int) -> int:
 
 def sft_records(path: str | Path) -> list[dict[str, list[int]]]:
     """Rows `{"input_ids", "labels"}` of a `ctxkit samples` export, labels -100 off the loss mask."""
-    from ctxkit.export import read_samples
+    from ctxkit.training.sample_files import read_samples
 
     rows = []
     for s in read_samples(path):
@@ -349,7 +349,7 @@ def sft_records(path: str | Path) -> list[dict[str, list[int]]]:
 
 def sft_dataset(path: str | Path) -> Any:
     """`sft_records(path)` as a `datasets.Dataset` (pre-tokenized: TRL's SFT trainer uses it as is)."""
-    from ctxkit.models import MissingExtraError
+    from ctxkit.context.models import MissingExtraError
 
     try:
         from datasets import Dataset

@@ -1,4 +1,4 @@
-"""`ctxkit view`: one self-contained HTML page showing what the policy saw (Layer L4).
+"""`ctxkit view`: one self-contained HTML page showing what the policy saw.
 
 Episodes (timeline, each step's exact context coloured by provenance, budget, sampled tokens with
 log-probs, timings), compactions (before/after side by side) and run folders (the report's arms x tasks

@@ -1,4 +1,4 @@
-"""One episode log as the viewer's JSON data: timeline, per-step contexts from replay, compactions (Layer L4).
+"""One episode log as the viewer's JSON data: timeline, per-step contexts from replay, compactions.
 
 Everything shown comes from the log through the code that replays it: each step's context is the
 `BuiltContext` of `log_replay.replay_steps` (the rebuilt ids, roles, loss mask and per-token provenance),
@@ -25,7 +25,7 @@ import orjson
 
 from ctxkit.errors import CtxkitError
 from ctxkit.events import Compaction, EpisodeEnd, EpisodeStart, Event, event_to_dict
-from ctxkit.offline_steps import OFFLINE_BUDGET
+from ctxkit.training.offline_steps import OFFLINE_BUDGET
 
 __all__ = ["CLASS_CODES", "Pool", "context_segments", "episode_data", "token_classes"]
 
@@ -56,7 +56,7 @@ class Pool:
         key = hashlib.sha256(orjson.dumps([list(ids), codes, loss])).digest()
         hit = self._seg_index.get(key)
         if hit is None:
-            from ctxkit.token_pieces import token_texts
+            from ctxkit.text.tokenizer.pieces import token_texts
 
             hit = len(self.segments)
             ids_key = tuple(ids)
@@ -142,7 +142,7 @@ def _view_messages(view: Any, pool: Pool) -> list[list[Any]]:
 def _compaction(events: Sequence[Event], pos: int, pool: Pool) -> dict[str, Any]:
     """Before/after views of the compaction at `events[pos]`, and what its edits touched."""
     from ctxkit.edits import edit_to_dict
-    from ctxkit.view import build_view
+    from ctxkit.context.view import build_view
 
     comp = events[pos]
     assert isinstance(comp, Compaction)
@@ -165,7 +165,7 @@ def episode_data(path: str | Path, pool: Pool, *, tokenizer: Any = None, templat
                  label: str | None = None) -> dict[str, Any]:
     """The viewer data of the episode log at `path` (read and chain-verified; a corrupt log raises its
     `LogFormatError`), its contexts and segments added to `pool`."""
-    from ctxkit.log_replay import load_events, replay_steps, resolve_setup
+    from ctxkit.training.context_replay import load_events, replay_steps, resolve_setup
 
     events, episode_id = load_events(str(path))
     start = next((e for e in events if isinstance(e, EpisodeStart)), None)
@@ -197,7 +197,7 @@ def episode_data(path: str | Path, pool: Pool, *, tokenizer: Any = None, templat
         return data
     data.update(tokenizer=tok.id, template=tpl.id, warnings=list(warnings),
                 specials=sorted(set(tok.special_tokens.values())))
-    from ctxkit.token_pieces import token_texts
+    from ctxkit.text.tokenizer.pieces import token_texts
 
     prev: dict[str, Any] | None = None
     for r in replay_steps(events, tokenizer=tok, template=tpl):

@@ -1,4 +1,4 @@
-"""One self-contained HTML page from episode logs or a run folder, written to a file or served (Layer L4).
+"""One self-contained HTML page from episode logs or a run folder, written to a file or served.
 
 `build_page(paths)` reads each path (an episode log, a folder of logs, or a run folder from `ctxkit
 ablate`), gathers the data (`episode_data`, `run_data`) and returns a `Page`: the HTML text with the
@@ -59,7 +59,7 @@ def _asset(name: str) -> str:
 
 def _collect(paths: Sequence[str | Path]) -> tuple[list[tuple[str, Path]], list[dict[str, Any]]]:
     """`(episode logs with their labels, run folder data)`."""
-    from ctxkit.audit import find_logs
+    from ctxkit.training.preflight import find_logs
 
     logs: list[tuple[str, Path]] = []
     runs: list[dict[str, Any]] = []

@@ -1,4 +1,4 @@
-"""A run folder from `ctxkit ablate` as the viewer's JSON data: the arms x tasks grid, plots (Layer L4).
+"""A run folder from `ctxkit ablate` as the viewer's JSON data: the arms x tasks grid, plots.
 
 The numbers are the report's: `experiment.report.summarize` over the rows `run_folder.read_rows` reads
 (strictly), with the baseline, arm order and bootstrap settings of `run.json`, as `write_report` does.

@@ -22,7 +22,7 @@ from ctxkit.experiment.runner import run_experiment
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
-CLI = [sys.executable, "-m", "ctxkit.cli"]
+CLI = [sys.executable, "-m", "ctxkit.cli.parser"]
 HANG_GUARD_S = 300  # a subprocess that runs this long is stuck; not a timing assertion
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import tokenizer_dir
 from experiment_configs import small_toml, write_config
-from ctxkit.cli import main
+from ctxkit.cli.parser import main
 from ctxkit.errors import ConfigError
 from ctxkit.experiment.config import load_config, parse_config, resolve_tokenizer
 from ctxkit.experiment.runner import run_experiment, validate

@@ -20,7 +20,7 @@ from ctxkit.experiment.agents.sampling import (
     sample,
     token_distributions,
 )
-from ctxkit.rl_math import behaviour_logprobs
+from ctxkit.training.rl_math import behaviour_logprobs
 
 # ------------------------------------------------------------------------------------ sampling math
 
@@ -142,7 +142,7 @@ TOOLS = (
 
 @pytest.fixture(scope="module")
 def tok():
-    from ctxkit.tokenizers import load_tokenizer
+    from ctxkit.text.tokenizer.loader import load_tokenizer
 
     return load_tokenizer(str(tokenizer_dir("smollm2-135m-instruct")))
 
@@ -155,7 +155,7 @@ def agent(tok):
 
 
 def _episode(tok, user="Call echo with n=3."):
-    from ctxkit.builder import ContextBuilder, MemoryLog
+    from ctxkit.context.builder import ContextBuilder, MemoryLog
 
     log = MemoryLog()
     log.extend([EpisodeStart(episode_id="t-0", tools=TOOLS), Message(role="system", content="You are terse."), Message(role="user", content=user)])
@@ -265,7 +265,7 @@ def test_token_out_feeds_the_next_context(agent, tok):
 @pytest.mark.slow
 def test_tokenizer_and_context_checks(agent, tok):
     from ctxkit.experiment.agents.hf import TransformersAgent
-    from ctxkit.tokenizers import load_tokenizer
+    from ctxkit.text.tokenizer.loader import load_tokenizer
 
     qwen = load_tokenizer(str(tokenizer_dir("qwen2.5-instruct")))
     with pytest.raises(ConfigError) as info:

@@ -30,7 +30,7 @@ def _require_engine() -> None:
 
 @pytest.fixture(scope="module")
 def tok():
-    from ctxkit.tokenizers import load_tokenizer
+    from ctxkit.text.tokenizer.loader import load_tokenizer
 
     return load_tokenizer(str(tokenizer_dir("smollm2-135m-instruct")))
 
@@ -44,7 +44,7 @@ def llama_server():
 
 
 def _context(tok):
-    from ctxkit.builder import ContextBuilder, MemoryLog
+    from ctxkit.context.builder import ContextBuilder, MemoryLog
 
     log = MemoryLog()
     log.extend([EpisodeStart(episode_id="t-0"), Message(role="system", content="You are terse."),
@@ -170,9 +170,9 @@ def test_llama_logprobs_are_raw_not_processed(llama_server, tok):
 def test_two_turns_carry_the_sampled_ids_and_replay(llama_server, tok):
     """The second context holds the first turn's sampled ids; what the server saw is checked again, and the
     log replays n/n."""
-    from ctxkit.builder import ContextBuilder, MemoryLog
+    from ctxkit.context.builder import ContextBuilder, MemoryLog
     from ctxkit.experiment.agents.base import to_step
-    from ctxkit.log_replay import verify_log
+    from ctxkit.training.context_replay import verify_log
 
     builder = ContextBuilder(tok, template="chatml-tools-v1", budget=2048, detect_pins=False)
     log = MemoryLog()
@@ -237,8 +237,8 @@ def test_ablation_through_a_started_llama_server_replays(tmp_path, tok):
     _require_engine()
     from ctxkit.experiment.config import load_config
     from ctxkit.experiment.runner import read_rows, run_experiment
-    from ctxkit.log import read_events
-    from ctxkit.log_replay import verify_log
+    from ctxkit.log.event_log import read_events
+    from ctxkit.training.context_replay import verify_log
 
     path = tmp_path / "llama.toml"
     path.write_text(_toml(tokenizer_dir("smollm2-135m-instruct"), max_tokens=48))

@@ -28,7 +28,7 @@ TOOLS = (
 
 @pytest.fixture(scope="module")
 def tok():
-    from ctxkit.tokenizers import load_tokenizer
+    from ctxkit.text.tokenizer.loader import load_tokenizer
 
     return load_tokenizer(str(tokenizer_dir("smollm2-135m-instruct")))
 
@@ -41,7 +41,7 @@ def eot(tok) -> int:
 @pytest.fixture
 def episode(tok):
     """A real log and builder (SmolLM2 tokenizer, chatml-tools-v1) and the first context."""
-    from ctxkit.builder import ContextBuilder, MemoryLog
+    from ctxkit.context.builder import ContextBuilder, MemoryLog
 
     log = MemoryLog()
     log.extend(

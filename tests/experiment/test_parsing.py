@@ -147,7 +147,7 @@ def test_cut_at_end_of_turn():
 
 
 def test_parse_ids_with_the_real_smollm2_tokenizer():
-    from ctxkit.tokenizers import load_tokenizer
+    from ctxkit.text.tokenizer.loader import load_tokenizer
 
     tok = load_tokenizer(str(tokenizer_dir("smollm2-135m-instruct")))
     eot = tok.special_tokens["<|im_end|>"]
@@ -166,8 +166,8 @@ def test_parse_ids_with_the_real_smollm2_tokenizer():
 
 def test_round_trip_through_the_chatml_tools_template():
     """What the project's own template renders for a tool-calling turn parses back to the same calls."""
-    from ctxkit.templates import load_template
-    from ctxkit.tokenizers import load_tokenizer
+    from ctxkit.text.template.chat_template import load_template
+    from ctxkit.text.tokenizer.loader import load_tokenizer
 
     tok = load_tokenizer(str(tokenizer_dir("qwen2.5-instruct")))
     tpl = load_template("chatml-tools-v1", tok)

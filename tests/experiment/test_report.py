@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ctxkit.cli import main
+from ctxkit.cli.parser import main
 from ctxkit.experiment.report import render_markdown, summarize, write_report
 
 

@@ -29,7 +29,7 @@ def test_sigkill_midway_then_rerun_matches_an_uninterrupted_run(tmp_path):
     cfg_path = write_config(tmp_path, small_toml(seeds="[0, 1, 2]"))
     out = tmp_path / "killed"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-m", "ctxkit.cli", "ablate", str(cfg_path), "--out", str(out), "--no-progress"],
+    proc = subprocess.Popen([sys.executable, "-m", "ctxkit.cli.parser", "ablate", str(cfg_path), "--out", str(out), "--no-progress"],
                             cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     deadline = time.time() + 300
     try:
@@ -56,7 +56,7 @@ def test_sigkill_midway_then_rerun_matches_an_uninterrupted_run(tmp_path):
     run_experiment(load_config(cfg_path), clean, progress=False, report=False)
     assert strip_timing(resumed) == strip_timing(read_rows(clean))
     # every log of the resumed run is complete; set-aside partial logs are not in episodes/*.jsonl
-    from ctxkit.log import verify
+    from ctxkit.log.event_log import verify
 
     logs = sorted((out / "episodes").rglob("*.jsonl"))
     assert len(logs) == 12 and all(verify(p).ok for p in logs)

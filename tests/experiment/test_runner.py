@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from experiment_configs import small_toml, strip_timing, write_config
-from ctxkit.cli import main
+from ctxkit.cli.parser import main
 from ctxkit.events import EpisodeStart, StateSnapshot, ToolCall
 from ctxkit.experiment.agents.base import AgentTurn
 from ctxkit.experiment.config import load_config
@@ -26,7 +26,7 @@ def small_run(tmp_path_factory):
 
 
 def test_every_cell_has_a_row_and_a_verified_log(small_run):
-    from ctxkit.log import read_events, verify
+    from ctxkit.log.event_log import read_events, verify
 
     cfg, out, summary = small_run
     assert (summary.total, summary.ran, summary.reused) == (8, 8, 0)
@@ -43,8 +43,8 @@ def test_every_cell_has_a_row_and_a_verified_log(small_run):
 
 
 def test_episode_start_records_the_builder_description(small_run):
-    from ctxkit.builder import ContextBuilder
-    from ctxkit.log import read_events
+    from ctxkit.context.builder import ContextBuilder
+    from ctxkit.log.event_log import read_events
 
     cfg, out, _ = small_run
     for arm in cfg.arms:
@@ -70,8 +70,8 @@ def test_window_loses_the_rule_and_pins_keep_it(small_run):
 
 
 def test_snapshots_show_the_violation(small_run, tmp_path):
-    from ctxkit.log import read_events
-    from ctxkit.state import BlobStore, restore_snapshot
+    from ctxkit.log.event_log import read_events
+    from ctxkit.log.state import BlobStore, restore_snapshot
 
     _, out, _ = small_run
     for arm, changed in (("window", True), ("window+pins", False)):
@@ -185,7 +185,7 @@ params = { keep_first = 1 }
 
 
 def _episode_log(tmp_path):
-    from ctxkit.log import EventLog
+    from ctxkit.log.event_log import EventLog
 
     work = tmp_path / "w"
     work.mkdir()
@@ -196,7 +196,7 @@ def _episode_log(tmp_path):
 
 def test_invalid_tool_call_is_a_task_failure_and_leaves_no_orphan(tmp_path):
     from ctxkit.events import Step
-    from ctxkit.view import build_view, find_orphans
+    from ctxkit.context.view import build_view, find_orphans
 
     ep, log = _episode_log(tmp_path)
     calls = (ToolCall(id="a", name="delete_everything", arguments="{}"),
@@ -236,7 +236,7 @@ class _OutOfVocabulary:
 def test_a_library_error_ends_only_that_episode_as_harness_error(tmp_path):
     import time
 
-    from ctxkit.builder import ContextBuilder
+    from ctxkit.context.builder import ContextBuilder
     from ctxkit.events import EpisodeStart, message_from_openai
     from ctxkit.experiment.config import EpisodeSpec
     from ctxkit.experiment.episode import _loop

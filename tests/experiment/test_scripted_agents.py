@@ -92,15 +92,15 @@ def test_constraint_policy_edits_the_copy_only_when_it_sees_the_rule():
 
 @pytest.fixture(scope="module")
 def qwen():
-    from ctxkit.tokenizers import load_tokenizer
+    from ctxkit.text.tokenizer.loader import load_tokenizer
 
     return load_tokenizer(str(tokenizer_dir("qwen2.5-instruct")))
 
 
 def _log_with(tmp_path: Path, tokenizer, messages, tools):
-    from ctxkit.builder import ContextBuilder
+    from ctxkit.context.builder import ContextBuilder
     from ctxkit.events import EpisodeStart, message_from_openai
-    from ctxkit.log import EventLog
+    from ctxkit.log.event_log import EventLog
 
     builder = ContextBuilder(tokenizer, None, "keep-all", 8000)
     log = EventLog.create(tmp_path / "ep.jsonl")
@@ -111,7 +111,7 @@ def _log_with(tmp_path: Path, tokenizer, messages, tools):
 
 def test_scripted_agent_turn_is_token_exact_and_decided_from_the_context(tmp_path, qwen):
     from ctxkit.experiment.tasks.base import make_task
-    from ctxkit.rendering import encode_assistant_turn
+    from ctxkit.text.rendering.renderer import encode_assistant_turn
 
     work = tmp_path / "w"
     work.mkdir()

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from viewer_fixtures import PageProbe, break_step, browser, import_tau, make_long_episode, make_run
-from ctxkit.cli import main
+from ctxkit.cli.parser import main
 from ctxkit.events import Step
-from ctxkit.log import read_events
+from ctxkit.log.event_log import read_events
 
 
 @pytest.fixture(scope="module")

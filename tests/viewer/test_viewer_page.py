@@ -14,10 +14,10 @@ import urllib.request
 import pytest
 
 from viewer_fixtures import SIZE_BOUND_200, break_step, import_tau, make_long_episode, make_run
-from ctxkit.cli import main
+from ctxkit.cli.parser import main
 from ctxkit.events import Compaction, Step
-from ctxkit.log import read_events
-from ctxkit.log_replay import verify_log
+from ctxkit.log.event_log import read_events
+from ctxkit.training.context_replay import verify_log
 from ctxkit.viewer import HOST, build_page, serve_page, write_page
 from ctxkit.viewer.episode_data import context_segments
 
@@ -108,7 +108,7 @@ def test_a_failing_step_is_named_and_shows_no_context(tau_log, tmp_path):
 
 def test_a_log_without_a_recorded_tokenizer_says_so(tmp_path):
     from ctxkit.events import EpisodeStart, Message
-    from ctxkit.log import EventLog
+    from ctxkit.log.event_log import EventLog
 
     log = EventLog.create(tmp_path / "plain.jsonl")
     log.extend([EpisodeStart(episode_id="x"), Message(role="user", content="hi"),
@@ -177,7 +177,7 @@ def _free_port() -> int:
 
 def test_cli_serve_is_bounded(tau_log):
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "ctxkit.cli", "view", str(tau_log), "--serve", "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "ctxkit.cli.parser", "view", str(tau_log), "--serve", "--port", str(port)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()  # printed once the server listens

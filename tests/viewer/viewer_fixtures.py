@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from conftest import missing_fixture, shared_path, tokenizer_dir
-from ctxkit.cli import main
+from ctxkit.cli.parser import main
 
 CHROMIUM = os.environ.get("CTXKIT_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -73,11 +73,11 @@ def make_long_episode(path: Path, *, turns: int = 200, compressor: str = "mask-t
     """The synthetic benchmark episode (`ctxkit.benchmarks`, ~70k Qwen2.5 tokens at 200 turns) driven through
     a real `ContextBuilder`: every step records the hash of the context built for it, compactions included."""
     from ctxkit.benchmarks.workload import synthetic_workload
-    from ctxkit.builder import ContextBuilder
+    from ctxkit.context.builder import ContextBuilder
     from ctxkit.events import EpisodeEnd
-    from ctxkit.log import EventLog
-    from ctxkit.templates import load_template
-    from ctxkit.tokenizers import load_tokenizer
+    from ctxkit.log.event_log import EventLog
+    from ctxkit.text.template.chat_template import load_template
+    from ctxkit.text.tokenizer.loader import load_tokenizer
 
     tok = load_tokenizer(str(tokenizer_dir("qwen2.5-instruct")))
     wl = synthetic_workload(turns, tok, load_template(None, tok))
@@ -102,7 +102,7 @@ def make_long_episode(path: Path, *, turns: int = 200, compressor: str = "mask-t
 def break_step(src: Path, dst: Path, index: int) -> Path:
     """A copy of the log at `src` whose step `index` records a wrong context hash (its replay fails)."""
     from ctxkit.events import Step
-    from ctxkit.log import EventLog, read_events, read_header
+    from ctxkit.log.event_log import EventLog, read_events, read_header
 
     events, k = [], 0
     for e in read_events(src):

@@ -1,1 +1,1 @@
-"""Agents of the A/B harness: scripted, `transformers` and OpenAI-compatible HTTP policies (L4)."""
+"""Agents of the A/B harness: scripted, `transformers` and OpenAI-compatible HTTP policies."""

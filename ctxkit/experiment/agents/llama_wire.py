@@ -24,7 +24,7 @@ llama-cpp-python 0.3.x), and what ctxkit does about it:
   sends `top_k`, `min_p` and `repeat_penalty` (0, 0.0, 1.0 unless configured) so the sampled distribution
   is the one recorded in `Step.sampling`.
 
-Layer L4 (experiment): pure functions, no I/O.
+Pure functions, no I/O.
 """
 
 from __future__ import annotations

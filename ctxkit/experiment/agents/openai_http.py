@@ -18,8 +18,6 @@ say which with `server_logprobs_mode` (`raw` default, or `processed`), recorded 
 Failures: an HTTP error status or a malformed response raises `OpenAIHTTPError` naming the URL and status;
 a timeout either returns a turn with `finish_reason="abort"` and the time spent (`on_timeout="abort"`,
 default, so the runner can count it and end the episode truncated) or raises `OpenAITimeoutError`.
-
-Layer L4 (experiment): imports the library layers below it, never the CLI.
 """
 
 from __future__ import annotations
@@ -52,7 +50,7 @@ from ctxkit.experiment.agents.openai_wire import (
 from ctxkit.experiment.agents.parsing import END_OF_TURN_TOKENS, end_of_turn_ids, parse_text
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ctxkit.builder import BuiltContext
+    from ctxkit.context.builder import BuiltContext
 
 __all__ = ["OpenAIAgent", "OpenAIHTTPError", "OpenAITimeoutError", "LOGPROBS_MODES", "DIALECTS", "ENGINE_FINISH_REASONS",
            "engine_finish_reason"]
@@ -104,7 +102,7 @@ class OpenAIAgent:
         **unknown: Any,
     ):
         """`base_url` is the server root (`http://host:8000`, a trailing `/v1` is accepted); `model` the served
-        model name. `tokenizer` (a `ctxkit.tokenizers.Tokenizer` or spec) is the one contexts are built with:
+        model name. `tokenizer` (a `ctxkit.text.tokenizer.loader.Tokenizer` or spec) is the one contexts are built with:
         it gives the default `stop_token_ids` (its end-of-turn ids) and re-tokenizes text when a server
         returns no ids. `api_key` or `api_key_env` (the name of an environment variable holding it) set the
         bearer token. `extra_body` is merged into every request. `dialect` is `vllm` (default; SGLang too) or
@@ -174,7 +172,7 @@ class OpenAIAgent:
         self.tokenizer = None
         """The context tokenizer, when given."""
         if tokenizer is not None:
-            from ctxkit.tokenizers import Tokenizer, load_tokenizer
+            from ctxkit.text.tokenizer.loader import Tokenizer, load_tokenizer
 
             self.tokenizer = tokenizer if isinstance(tokenizer, Tokenizer) else load_tokenizer(tokenizer)
         if stop_token_ids is not None:

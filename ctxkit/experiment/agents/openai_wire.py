@@ -1,4 +1,4 @@
-"""Wire helpers of the OpenAI-compatible protocol: errors, finish reasons, response field checks (Layer L4).
+"""Wire helpers of the OpenAI-compatible protocol: errors, finish reasons, response field checks.
 
 Shared by the HTTP agent (`openai_http`) and its dialects; every malformed field is an `OpenAIHTTPError`
 naming the field and the URL.

@@ -15,8 +15,6 @@ the exact JSON text the model wrote (never re-serialized). A malformed call (bad
 that never closes) is returned as a `ToolCallParseError` in `ParsedTurn.errors`, never raised, so the
 runner can count it and the episode goes on; its text stays in `content`, so
 `len(parse_text(turn.content or "").errors)` counts a recorded turn's malformed calls again later.
-
-L4 (experiment): imports `ctxkit.events` only.
 """
 
 from __future__ import annotations
@@ -97,7 +95,7 @@ def make_call_id(seed: str, index: int) -> str:
 
 
 def end_of_turn_ids(tokenizer: Any) -> tuple[int, ...]:
-    """Sorted ids ending a turn for a `ctxkit.tokenizers.Tokenizer`: its eos plus the known end-of-turn specials."""
+    """Sorted ids ending a turn for a `ctxkit.text.tokenizer.loader.Tokenizer`: its eos plus the known end-of-turn specials."""
     specials = dict(tokenizer.special_tokens)
     ids = {int(specials[t]) for t in END_OF_TURN_TOKENS if t in specials}
     eos = getattr(tokenizer, "eos_token", None)

@@ -1,14 +1,12 @@
 """Sampling for the local agents: a recorded, validated config, and drawing one token from logits.
 
-The logits -> distribution transform is `ctxkit.rl_math.behaviour_logprobs` (order `hf`: temperature,
+The logits -> distribution transform is `ctxkit.training.rl_math.behaviour_logprobs` (order `hf`: temperature,
 then top-k, then top-p, then min-p, each renormalized over the kept set); this module does not
 re-implement it. "Processed" log-probs are the log of the distribution actually sampled from; "raw"
 ones the temperature-1 softmax of the unmodified logits. Temperature 0 means greedy: a point mass on the
 first arg-max (log-prob 0 for the chosen token).
 
 torch and numpy are imported inside functions only.
-
-Layer L4 (experiment): imports the library layers below it, never the CLI.
 """
 
 from __future__ import annotations
@@ -70,11 +68,11 @@ class SamplingConfig:
 def processed_logprobs(logits, config: SamplingConfig, *, order: str = "hf"):
     """Log-probs (float64 numpy, vocabulary last) of the distribution sampling draws from; filtered tokens -inf.
 
-    This is `ctxkit.rl_math.behaviour_logprobs` of the logits under `config` (the one implementation of
+    This is `ctxkit.training.rl_math.behaviour_logprobs` of the logits under `config` (the one implementation of
     the transforms), so what an agent records is what a trainer recomputes from the same logits and
     `Step.sampling`.
     """
-    from ctxkit.rl_math import behaviour_logprobs
+    from ctxkit.training.rl_math import behaviour_logprobs
 
     return behaviour_logprobs(logits, config.to_dict(), order=order)
 

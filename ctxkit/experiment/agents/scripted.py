@@ -9,8 +9,6 @@ The script is a deterministic policy: every token it emits has probability 1, so
 log-probs are 0.0 per token, labelled `processed` (the distribution after the greedy transform, temperature
 0), and its sampling config says so (`temperature: 0.0`, the step's seed). Its timings map reading the
 context (decode + parse) to `prefill_s` and encoding the turn to `decode_s`.
-
-Layer L4 (experiment): imports the library layers below it, never the CLI.
 """
 
 from __future__ import annotations
@@ -60,7 +58,7 @@ class ScriptedAgent:
 
     def act(self, context: Any, *, tools: Sequence[Mapping[str, Any]], seed: int) -> AgentTurn:
         """The next assistant turn for `context` (deterministic: `seed` is only recorded)."""
-        from ctxkit.rendering import encode_assistant_turn
+        from ctxkit.text.rendering.renderer import encode_assistant_turn
 
         start = time.perf_counter()
         decision = self.decide(context)

@@ -8,8 +8,6 @@ policy never keeps state between calls; like a model writing its reasoning, it c
 action rests on (the question, the step, the facts found so far) into the content of its tool-call turn, so
 a compressor that keeps assistant turns but drops tool output (observation masking) keeps those notes.
 Constraints are never copied: a rule is visible only where the compressor (or a pin) keeps it.
-
-Layer L4 (experiment): imports the library layers below it, never the CLI.
 """
 
 from __future__ import annotations

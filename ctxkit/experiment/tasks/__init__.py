@@ -1,1 +1,1 @@
-"""Tasks of the A/B harness: long-horizon tool tasks with real external state (L4)."""
+"""Tasks of the A/B harness: long-horizon tool tasks with real external state."""

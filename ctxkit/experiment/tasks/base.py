@@ -10,8 +10,6 @@ How an episode ends (the runner applies these; `EpisodeEnd` keeps them distingui
 - an invalid tool call (unknown tool, bad JSON, wrong arguments): task failure (`task_failure`);
 - a tool that raises, returns `error` or times out: tool failure (`tool_failure`);
 - a limit (steps, context, wall time, generation length): truncation.
-
-Layer L4 (experiment): imports the library layers below it, never the CLI.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
 """calculator-chain: a worksheet of multiplications done through a calculator tool; later steps reuse
 results from several steps earlier, and the last file asks for the final result.
-
-Layer L4 (experiment): imports the library layers below it, never the CLI.
 """
 
 from __future__ import annotations

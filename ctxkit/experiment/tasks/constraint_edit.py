@@ -1,8 +1,6 @@
 """constraint-edit: at turn 1 the user forbids modifying the original settings file; after a long chain of
 notes, the last note asks for a settings change, which must go into the copy. The working directory is a
 real temporary folder, snapshotted after every tool call; modifying the original is a constraint violation.
-
-Layer L4 (experiment): imports the library layers below it, never the CLI.
 """
 
 from __future__ import annotations

@@ -3,8 +3,6 @@
 Every chained file starts with a line `next: <path>` (the last one says `next: none`); `read_file` prefixes
 its output with `FILE <path>`, so an agent that has lost sight of earlier files can still tell how far it got from the highest file it
 sees. Payload lines (the facts a task needs) are placed at seeded positions among the filler.
-
-Layer L4 (experiment): imports the library layers below it, never the CLI.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
 """multi-hop: three facts scattered over a chain of long files must be combined (person -> department ->
 manager -> city).
-
-Layer L4 (experiment): imports the library layers below it, never the CLI.
 """
 
 from __future__ import annotations

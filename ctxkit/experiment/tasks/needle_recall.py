@@ -1,6 +1,4 @@
 """needle-recall: an access code appears once in an early long log file and is asked for at the very end.
-
-Layer L4 (experiment): imports the library layers below it, never the CLI.
 """
 
 from __future__ import annotations

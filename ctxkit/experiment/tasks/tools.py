@@ -4,8 +4,6 @@ A `Tool` is a name, an OpenAI function schema and a Python function. `ToolBox.ca
 arguments against the schema (a wrong call is the policy's fault: `InvalidToolCall`), runs the function and
 returns a `ToolOutput`. A function that raises is a tool failure (`ToolOutput(status="error")`), kept apart
 from invalid calls so the episode can end with the right typed outcome.
-
-Layer L4 (experiment): imports the library layers below it, never the CLI.
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""One module per `ctxkit` subcommand (thin: parse, call the library, print)."""

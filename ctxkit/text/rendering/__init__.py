@@ -1,0 +1,22 @@
+"""Token-exact rendering: a conversation through a template and tokenizer into ids, a loss mask and
+per-token provenance, incrementally as it grows or is cut.
+
+Modules: `renderer` (render, IncrementalRenderer, encode_assistant_turn), `output` (RenderedContext,
+context_hash), `mask` (assistant-turn labels), `cut` (cutting back to a prefix), `splice` (re-rendering a
+changed block), `segments` (per-segment caches). Imports `text/template/`, `text/tokenizer/` and L0.
+"""
+
+from __future__ import annotations
+
+from ctxkit.registry import lazy_face
+
+_EXPORTS: dict[str, str] = {
+    "render": "ctxkit.text.rendering.renderer",
+    "IncrementalRenderer": "ctxkit.text.rendering.renderer",
+    "encode_assistant_turn": "ctxkit.text.rendering.renderer",
+    "RenderedContext": "ctxkit.text.rendering.output",
+    "context_hash": "ctxkit.text.rendering.output",
+}
+
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_face(__name__, _EXPORTS)

@@ -1,0 +1,264 @@
+"""A renderer's output: the rendered-context records and their assembly from the renderer's state.
+
+Part of `ctxkit.text.rendering.renderer` (which re-exports the records): `MessageSpan`, `Drift`, `RenderedContext`,
+`context_hash`, and `OutputAssembly`, the `IncrementalRenderer` methods that put sampled ids in place of
+their rendered ids (`Sub`, kept between renders), compute spans and resume the context hash.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import struct
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from ctxkit.errors import RenderError
+
+@dataclass(frozen=True)
+class MessageSpan:
+    """Token range of one message's own text in a rendered context (scaffold around it excluded)."""
+
+    index: int
+    """Index of the message in the list rendered."""
+    role: str
+    """The message's role."""
+    start: int
+    """First token (inclusive)."""
+    end: int
+    """Last token (exclusive); for assistant turns this is the produced region, end-of-turn included."""
+
+
+@dataclass(frozen=True)
+class Drift:
+    """A sampled assistant turn whose ids differ from the template's re-rendering of it."""
+
+    message_index: int
+    """Index of the assistant message."""
+    position: int
+    """Token position (in the rendered context) of the first differing token."""
+    sampled_ids: tuple[int, ...]
+    """The differing run of sampled ids (kept in the context)."""
+    rendered_ids: tuple[int, ...]
+    """The run the template plus tokenizer would have produced in their place."""
+
+
+@dataclass(frozen=True)
+class RenderedContext:
+    """A conversation rendered through a template and tokenizer."""
+
+    token_ids: tuple[int, ...]
+    """The ids, identical to `apply_chat_template(..., tokenize=True)` (sampled ids kept verbatim)."""
+    loss_mask: tuple[int, ...]
+    """1 on tokens the policy produced (assistant turns, end-of-turn included), 0 elsewhere."""
+    roles: tuple[str, ...]
+    """Per token: system | user | assistant | tool | scaffold | generation_prompt."""
+    spans: tuple[MessageSpan, ...]
+    """Token range of each message's own text (empty range if the template drops it)."""
+    drifts: tuple[Drift, ...]
+    """Token-in-token-out drifts: sampled turns the template would tokenize differently."""
+    template_id: str
+    """Id of the template used."""
+    tokenizer_id: str
+    """Id of the tokenizer used."""
+    prefix_preserving: bool
+    """Whether the template is prefix-preserving (see `TemplateReport.prefix_preserving`)."""
+    hash: str
+    """`context_hash(token_ids)`."""
+    special_tokens_in_content: tuple = ()
+    """`ctxkit.text.special_tokens.SpecialTokenInContent` records: special-token text found in message content."""
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+
+def context_hash(token_ids: Iterable[int]) -> str:
+    """sha256 hex of `b"ctxkit-context-v1"` followed by the ids as little-endian int32."""
+    h = hashlib.sha256(b"ctxkit-context-v1")
+    h.update(int32_bytes(list(token_ids)))
+    return h.hexdigest()
+
+
+def int32_bytes(ids: Sequence[int]) -> bytes:
+    """The ids as little-endian int32 (`struct` packs twice as fast as an `array` of a tuple)."""
+    return struct.pack(f"<{len(ids)}i", *ids)
+
+
+HASH_STEP = 256
+"""Tokens between two checkpoints of `OutputAssembly._hash`."""
+
+
+@dataclass(slots=True)
+class Sub:
+    """One sampled turn's ids put in place of its rendered ids (kept between renders)."""
+
+    index: int  # message index
+    a: int  # rendered token range replaced
+    z: int
+    start: int  # output token range of the sampled ids
+    end: int
+    shift: int  # cumulative length change after it
+    drift: Drift | None
+
+
+def _index(region) -> int:
+    return region.index
+
+
+class OutputAssembly:
+    """Mixin of `IncrementalRenderer`: `_output` and `_hash` (uses the renderer's state)."""
+
+    _sub_cols: tuple[list, list, list, list]  # see `_output`
+
+    def _output(self, changed: int) -> RenderedContext:
+        """Assemble the context; `changed` is the first rendered token that may differ from last time.
+
+        Sampled-id substitutions are kept between renders: those wholly before `changed` (same turn,
+        same token range) are reused with the output before them; only later ones are redone. The output
+        is copied up to the end of the last substitution that changes it (`_out_at`), never past it."""
+        ids, mask, roles = self._ids, self._mask, self._roles
+        eot_id = self._profile.end_of_turn_id
+        subs, regions = self._subs, self._regions
+        # per substitution, kept in step with `subs`: its rendered end, the cumulative shift after it, its
+        # message; and the positions in `subs` of those with a drift (`cut` and `_reset` only shorten `subs`)
+        sub_ends, sub_shift, sub_index, drift_at = self._sub_cols
+        if len(sub_ends) > len(subs):
+            del sub_ends[len(subs):], sub_shift[len(subs):], sub_index[len(subs):]
+            del drift_at[bisect.bisect_left(drift_at, len(subs)):]
+        # Reused: the substitutions wholly before `changed` of the regions unchanged since the last output
+        # (`_span_dirty`: same regions, same token ranges, so the same produced regions before them).
+        m = min(self._span_dirty, len(regions))
+        k = min(bisect.bisect_right(sub_ends, changed),
+                bisect.bisect_left(sub_index, regions[m].index) if m < len(regions) else len(subs))
+        if self._any_sampled:
+            pos = bisect.bisect_right(regions, sub_index[k - 1], key=_index) if k else 0
+            sampled_of = self._sampled
+            produced = [r for r in regions[pos:] if r.kind == "produced" and sampled_of[r.index] is not None]
+        else:
+            produced = []
+        del subs[k:], sub_ends[k:], sub_shift[k:], sub_index[k:]
+        del drift_at[bisect.bisect_left(drift_at, k):]
+        cut, shift = (subs[-1].z, subs[-1].shift) if subs else (0, 0)
+        reused_to = cut
+        o_ids, o_mask, o_roles = self._out  # the output of rendered tokens [0, out_at), out_at a sub's end
+        out_at = self._out_at
+        if out_at > cut:
+            del o_ids[cut + shift :], o_mask[cut + shift :], o_roles[cut + shift :]
+            out_at = cut
+        for r in produced:
+            sampled = self._sampled[r.index]
+            a, z = r.tokens
+            rendered = ids[a:z]
+            n = z - a
+            sub_ends.append(z)
+            sub_index.append(r.index)
+            if (len(sampled) == n and rendered == list(sampled) and mask[a:z].count(1) == n
+                    and roles[a:z].count("assistant") == n):  # an identity: its output is the render itself
+                subs.append(Sub(r.index, a, z, a + shift, z + shift, shift, None))
+                sub_shift.append(shift)
+                cut = z
+                continue
+            out_ids, out_mask, out_roles = list(sampled), [1] * len(sampled), ["assistant"] * len(sampled)
+            compare = rendered
+            if eot_id is not None and (not sampled or sampled[-1] != eot_id) and rendered and rendered[-1] == eot_id:
+                compare = rendered[:-1]  # finished by length: the template's end-of-turn stays, as scaffold
+                out_ids.append(eot_id)
+                out_mask.append(0)
+                out_roles.append("scaffold")
+            pos0 = a + shift
+            drift = None
+            if list(sampled) != compare:
+                p = 0
+                limit = min(len(sampled), len(compare))
+                while p < limit and sampled[p] == compare[p]:
+                    p += 1
+                q = 0
+                while q < limit - p and sampled[-1 - q] == compare[-1 - q]:
+                    q += 1
+                drift = Drift(r.index, pos0 + p, tuple(sampled[p : len(sampled) - q]), tuple(compare[p : len(compare) - q]))
+                drift_at.append(len(subs))
+            o_ids += ids[out_at:a]
+            o_ids += out_ids
+            o_mask += mask[out_at:a]
+            o_mask += out_mask
+            o_roles += roles[out_at:a]
+            o_roles += out_roles
+            shift += len(out_ids) - (z - a)
+            subs.append(Sub(r.index, a, z, pos0, pos0 + len(sampled), shift, drift))
+            sub_shift.append(shift)
+            cut = out_at = z
+        self._out_at = out_at
+        drifts = [subs[j].drift for j in drift_at]
+        if not out_at:  # every substitution (if any) is an identity
+            token_ids, loss_mask, token_roles = tuple(ids), tuple(mask), tuple(roles)
+        else:
+            token_ids = (*o_ids, *ids[out_at:])  # one copy each (a list concatenation would make two)
+            loss_mask = (*o_mask, *mask[out_at:])
+            token_roles = (*o_roles, *roles[out_at:])
+        k = bisect.bisect_right(sub_ends, changed)
+        out_changed = changed + (sub_shift[k - 1] if k else 0)
+        for sub in subs[k:]:  # a substitution straddling `changed` may have moved: hash from its start
+            if sub.a < changed < sub.z:
+                out_changed = min(out_changed, sub.start)
+        # Spans: those of leading regions unchanged since the last output (same token range, same
+        # substitutions before them) are kept; the rest are recomputed.
+        regions = self._regions
+        spans, at = self._span_list, self._span_at
+        p = min(self._span_dirty, len(regions), len(at) - 1)
+        if self._any_sampled:
+            starts = self._starts
+            p = min(p, bisect.bisect_right(self._prefix_max, starts[reused_to]) if reused_to < len(starts) else p)
+        del spans[at[p] :], at[p + 1 :]
+        for r in regions[p:]:
+            if r.kind != "header":
+                j = bisect.bisect_left(sub_index, r.index) if r.kind == "produced" else len(subs)
+                if j < len(subs) and sub_index[j] == r.index:
+                    spans.append(MessageSpan(r.index, r.role, subs[j].start, subs[j].end))
+                else:
+                    a, z = r.tokens
+                    d = 0
+                    if sub_ends:
+                        k = bisect.bisect_right(sub_ends, a)
+                        d = sub_shift[k - 1] if k else 0
+                    if r.span is None or r.span.start != a + d:
+                        r.span = MessageSpan(r.index, self._chat[r.index]["role"], a + d, z + d)
+                    spans.append(r.span)
+            at.append(len(spans))
+        self._span_dirty = len(regions)
+        out_spans: list[MessageSpan] | tuple[MessageSpan, ...] = tuple(spans)
+        if len(spans) < len(self._chat):
+            seen = {sp.index for sp in spans}
+            out_spans = sorted(spans + [MessageSpan(i, m["role"], 0, 0) for i, m in enumerate(self._chat) if i not in seen],
+                               key=lambda sp: sp.index)
+        if self._n_assistant and not any(loss_mask):
+            raise RenderError("loss mask is all zero although the conversation has assistant turns")
+        return RenderedContext(
+            token_ids=token_ids,
+            loss_mask=loss_mask,
+            roles=token_roles,
+            spans=tuple(out_spans),
+            drifts=tuple(drifts),
+            template_id=self.template.id,
+            tokenizer_id=self.tokenizer.id,
+            prefix_preserving=self._profile.prefix_preserving,
+            hash=self._hash(token_ids, out_changed),
+        )
+
+    def _hash(self, token_ids: tuple[int, ...], changed: int) -> str:
+        """`context_hash(token_ids)`, resuming from the latest checkpoint at or before `changed` (the first
+        token that may differ from the last output). Checkpoints (`_hash_cp`) are kept every `HASH_STEP`
+        tokens, so a build hashes at most that many unchanged tokens again (one after a compaction too)."""
+        cps = self._hash_cp
+        while cps and cps[-1][0] > changed:
+            cps.pop()
+        n, h = cps[-1] if cps else (0, None)
+        h = hashlib.sha256(b"ctxkit-context-v1") if h is None else h.copy()
+        end = len(token_ids)
+        step = (n // HASH_STEP + 1) * HASH_STEP
+        while step <= end:
+            h.update(int32_bytes(token_ids[n:step]))
+            n = step
+            cps.append((n, h.copy()))
+            step += HASH_STEP
+        h.update(int32_bytes(token_ids[n:end]))
+        return h.hexdigest()

