@@ -19,6 +19,8 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping, Union
+import hashlib
+import orjson
 
 from ctxkit.content import check_content, flatten_content
 from ctxkit.errors import EventFormatError, LogFormatError, MessageFormatError
@@ -468,10 +470,6 @@ def event_id(event: Event, seq: int) -> str:
     Deterministic, so re-running an episode (or resuming it) yields the same ids, and placeholders
     that name an event id render to the same tokens.
     """
-    import hashlib
-
-    import orjson
-
     timeless = dataclasses.replace(event, seq=None, id=None, ts=None)
     if isinstance(timeless, Step):
         timeless = dataclasses.replace(timeless, timings={})

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import require_module, tokenizer_dir
-from ctxkit import embedding_cache as ec
+from ctxkit.context import embedding_cache as ec
 from ctxkit.context.embedding_cache import (VectorCache, clear_vector_caches, encode_stats, parse_records, record_bytes,
                                     run_cache_dir, using_cache_dir, vector_key)
 

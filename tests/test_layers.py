@@ -245,3 +245,20 @@ def test_sibling_packages_never_import_each_other():
 def test_no_module_left_at_the_top_but_the_base_layer():
     top = sorted(p.name for p in PACKAGE.glob("*.py") if p.name != "__init__.py")
     assert top == ["content.py", "edits.py", "errors.py", "events.py", "registry.py"]
+
+
+def test_imports_inside_functions_say_why():
+    """An import inside a function is there for a reason its `# lazy: <why>` comment gives (an optional or heavy
+    dependency loaded on first use); everything else is imported at module level."""
+    unexplained = []
+    for module, path in modules().items():
+        lines = path.read_text().splitlines()
+        for fn in ast.walk(ast.parse("\n".join(lines))):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                if isinstance(node, (ast.Import, ast.ImportFrom)):
+                    here, before = lines[node.lineno - 1], lines[node.lineno - 2].strip()
+                    if "# lazy: " not in here and not before.startswith("# lazy: "):
+                        unexplained.append(f"{path.relative_to(REPO)}:{node.lineno}: {here.strip()}")
+    assert unexplained == [], "imports inside functions without a `# lazy:` reason:\n" + "\n".join(sorted(set(unexplained)))

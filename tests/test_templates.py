@@ -10,7 +10,7 @@ import pytest
 
 from conftest import tokenizer_dir
 from ctxkit.errors import TemplateError
-from ctxkit import templates as templates_mod
+from ctxkit.text.template import chat_template as templates_mod
 from ctxkit.text.template.check import check_template
 from ctxkit.text.template.chat_template import RENDER_CLOCK, available_templates, load_template
 from ctxkit.text.tokenizer.loader import load_tokenizer

@@ -24,9 +24,19 @@ import json
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
+from functools import lru_cache
 
 from ctxkit.benchmarks.workload import (Timing, Workload, cold_start, encode_only_times, new_text_deltas,
                                         summarize_times)
+from ctxkit.benchmarks.workload import synthetic_workload
+from ctxkit.context.builder import ContextBuilder
+from ctxkit.context.models import MissingExtraError
+from ctxkit.errors import BudgetError, ConfigError
+from ctxkit.events import Compaction, Pin
+from ctxkit.log.event_log import MemoryLog
+from ctxkit.text.rendering.renderer import render
+from ctxkit.text.template.chat_template import load_template
+from ctxkit.text.tokenizer.loader import load_tokenizer
 
 DEFAULT_COMPRESSORS = ("window", "mask-observations")
 LANGCHAIN = "langchain trim_messages + apply_chat_template"
@@ -100,12 +110,6 @@ def _ctxkit_pass(tok, tpl, name, budget, wl: Workload, check: bool):
     """One pass: build before every turn, every cache of episode content empty at its start (`cold_start`).
     Returns (times, sizes, compactions, ids_ok, pins, error, spec name); `check` compares every context with a
     full render (an untimed pass of its own: the full renders would warm the tokenizer's caches)."""
-    from ctxkit.context.builder import ContextBuilder
-    from ctxkit.errors import BudgetError
-    from ctxkit.events import Compaction, Pin
-    from ctxkit.log.event_log import MemoryLog
-    from ctxkit.text.rendering.renderer import render
-
     cold_start(tok)
     builder = ContextBuilder(tok, tpl, name, budget)
     log = MemoryLog()
@@ -134,9 +138,6 @@ def _ctxkit_pass(tok, tpl, name, budget, wl: Workload, check: bool):
 def fits_with(tok, tpl, name: str, wl: Workload) -> Callable[[int], None]:
     """A callable that builds every decision of `wl` with compressor `name` at a budget (raising `BudgetError`
     when one does not fit): `workload.budget_from_fraction`'s fit test."""
-    from ctxkit.context.builder import ContextBuilder
-    from ctxkit.log.event_log import MemoryLog
-
     def fits(budget: int) -> None:
         builder = ContextBuilder(tok, tpl, name, budget)
         log = MemoryLog()
@@ -148,6 +149,7 @@ def fits_with(tok, tpl, name: str, wl: Workload) -> Callable[[int], None]:
 
 
 def _to_lc(chat: dict):
+    # lazy: langchain_core loads on first use
     from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 
     role, content = chat["role"], chat.get("content") or ""
@@ -172,8 +174,7 @@ def _to_lc(chat: dict):
 
 
 def _langchain_pass(tok, tpl, budget, wl: Workload, pins, check: bool):
-    from functools import lru_cache
-
+    # lazy: langchain_core loads on first use
     from langchain_core.messages import SystemMessage, ToolMessage, convert_to_openai_messages, trim_messages
 
     backend = tok.hf.backend_tokenizer
@@ -217,18 +218,14 @@ def require_langchain() -> None:
     """Check that LangChain (the baseline arm, `langchain-core` from the `test` extra) can be imported;
     else a `MissingExtraError` naming the extra."""
     try:
-        import langchain_core.messages  # noqa: F401
+        import langchain_core.messages  # noqa: F401  # lazy: langchain_core loads on first use
     except ImportError as exc:
-        from ctxkit.context.models import MissingExtraError
-
         raise MissingExtraError("langchain-core", "test", "ctxkit bench build (its LangChain baseline arm)") from exc
 
 
 def run_workload(tok, tpl, wl: Workload, *, budget: int, budget_note: str = "", compressors=DEFAULT_COMPRESSORS,
                  repeats: int = 3, progress=None) -> BuildBenchResult:
     """Run every arm over one workload at `budget` (see the module docstring)."""
-    from ctxkit.errors import ConfigError
-
     require_langchain()
     if tok.hf is None:
         raise ConfigError(f"bench build compares against transformers; --tokenizer must be a Hugging Face tokenizer, got {tok.id}")
@@ -281,10 +278,6 @@ def run_workload(tok, tpl, wl: Workload, *, budget: int, budget_note: str = "", 
 def run(tokenizer_spec: str, *, turns: int = 200, budget: int = 16_000, compressors=DEFAULT_COMPRESSORS,
         repeats: int = 3, progress=None) -> BuildBenchResult:
     """The synthetic episode of `turns` turns at a fixed `budget` (the default `bench build`)."""
-    from ctxkit.benchmarks.workload import synthetic_workload
-    from ctxkit.text.template.chat_template import load_template
-    from ctxkit.text.tokenizer.loader import load_tokenizer
-
     tok = load_tokenizer(tokenizer_spec)
     tpl = load_template(None, tok)
     return run_workload(tok, tpl, synthetic_workload(turns, tok, tpl), budget=budget, compressors=compressors,
@@ -294,7 +287,5 @@ def run(tokenizer_spec: str, *, turns: int = 200, budget: int = 16_000, compress
 def episode_events(turns: int, tok, tpl, seed: int = 0):
     """The synthetic episode as `(head events, per-turn event lists, tools)` (each turn: its `Step` and
     tool result), for tests and scripts that drive a builder themselves."""
-    from ctxkit.benchmarks.workload import synthetic_workload
-
     wl = synthetic_workload(turns, tok, tpl, seed)
     return list(wl.head), [list(t) for t in wl.turns], [dict(t) for t in wl.tools]

@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
+import sys
 
 import orjson
 
@@ -252,8 +253,6 @@ def table(result: LogBenchResult) -> str:
 
 def main(args) -> int:
     """`ctxkit bench log`: run once and print the table (or `--json`)."""
-    import sys
-
     progress = None if args.json else (lambda msg: print(msg, file=sys.stderr))
     result = run(args.events, fsync_events=args.fsync_events, folder=args.dir, progress=progress,
                  rounds=getattr(args, "rounds", 1))

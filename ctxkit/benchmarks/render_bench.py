@@ -16,6 +16,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ctxkit.benchmarks.synthetic_episode import TOOLS, build_episode  # noqa: F401  (their home; kept importable here)
+from ctxkit.benchmarks.workload import cold_start, encode_only_times, new_text_deltas, summarize_times, synthetic_workload
+from ctxkit.errors import ConfigError
+from ctxkit.text.rendering.renderer import IncrementalRenderer
+from ctxkit.text.template.chat_template import load_template
+from ctxkit.text.tokenizer.loader import load_tokenizer
 
 APPLY = "apply_chat_template(tokenize=True) every turn"
 CTXKIT = "ctxkit IncrementalRenderer"
@@ -75,10 +80,6 @@ class RenderBenchResult:
 def run(tokenizer_spec: str, turns: int = 200, repeats: int = 3, template: str | None = None, seed: int = 0,
         progress=None) -> RenderBenchResult:
     """The synthetic episode of `turns` turns (the default `bench render`)."""
-    from ctxkit.benchmarks.workload import synthetic_workload
-    from ctxkit.text.template.chat_template import load_template
-    from ctxkit.text.tokenizer.loader import load_tokenizer
-
     tok = load_tokenizer(tokenizer_spec)
     tpl = load_template(template, tok)
     _require_hf(tok)
@@ -87,16 +88,11 @@ def run(tokenizer_spec: str, turns: int = 200, repeats: int = 3, template: str |
 
 def _require_hf(tok) -> None:
     if tok.hf is None:
-        from ctxkit.errors import ConfigError
-
         raise ConfigError(f"bench render compares against transformers; --tokenizer must be a Hugging Face tokenizer, got {tok.id}")
 
 
 def run_workload(tok, tpl, wl, *, repeats: int = 3, progress=None) -> RenderBenchResult:
     """Run the three arms over one workload (see the module docstring)."""
-    from ctxkit.benchmarks.workload import cold_start, encode_only_times, new_text_deltas, summarize_times
-    from ctxkit.text.rendering.renderer import IncrementalRenderer
-
     _require_hf(tok)
     head = wl.chats(wl.head)
     steps = [wl.chats(t) for t in wl.turns]

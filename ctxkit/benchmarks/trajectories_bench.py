@@ -14,6 +14,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
+from ctxkit.benchmarks import build_bench
+from ctxkit.benchmarks.workload import budget_from_fraction, episode_workloads
+from ctxkit.errors import ConfigError
+from ctxkit.log.importers import read_episodes
+from ctxkit.text.template.chat_template import load_template
+from ctxkit.text.tokenizer.loader import load_tokenizer
+
 SPREAD_EVERY = 20
 """A file with more episodes than this is sampled every `SPREAD_EVERY`-th episode."""
 
@@ -25,8 +32,6 @@ def spread(n: int) -> list[int]:
 
 def trajectory_files(folder: str | Path) -> list[tuple[Path, Path | None]]:
     """`(data file, its tool schema file or None)` for every trajectory file in `folder`, sorted by name."""
-    from ctxkit.errors import ConfigError
-
     folder = Path(folder)
     if not folder.is_dir():
         raise ConfigError(f"--trajectories {folder}: not a directory")
@@ -38,12 +43,6 @@ def trajectory_files(folder: str | Path) -> list[tuple[Path, Path | None]]:
 def run(tokenizer_spec: str, folder: str | Path, *, fraction: float = 0.5, compressors=None, repeats: int = 1,
         progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """Rows of the table (see the module docstring); `compressors` default to `build_bench.DEFAULT_COMPRESSORS`."""
-    from ctxkit.benchmarks import build_bench
-    from ctxkit.benchmarks.workload import budget_from_fraction, episode_workloads
-    from ctxkit.log.importers import read_episodes
-    from ctxkit.text.template.chat_template import load_template
-    from ctxkit.text.tokenizer.loader import load_tokenizer
-
     build_bench.require_langchain()
     tok = load_tokenizer(tokenizer_spec)
     tpl = load_template(None, tok)

@@ -19,6 +19,17 @@ import os
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from ctxkit.benchmarks.synthetic_episode import build_episode
+from ctxkit.context.pins import clear_detection_cache
+from ctxkit.context.view import message_of
+from ctxkit.errors import BudgetError, ConfigError
+from ctxkit.events import Compaction, EpisodeStart, Message, Step, ToolCall, ToolResult
+from ctxkit.log.importers import read_episodes, read_tools
+from ctxkit.text.rendering.renderer import encode_assistant_turn, render
+from ctxkit.training.offline_steps import add_offline_steps
+import statistics
+import time
+
 BUDGET_STEP = 256
 """Budget increment used when a fraction of the episode is too small to fit (tokens)."""
 
@@ -40,8 +51,6 @@ class Workload:
 
     def chats(self, events: Sequence[Any]) -> list[dict]:
         """OpenAI messages of chat-shaped `events` (what the view renders for them, sampled ids dropped)."""
-        from ctxkit.context.view import message_of
-
         out = []
         for e in events:
             m = message_of(e)
@@ -81,8 +90,6 @@ def percentile(values: Sequence[float], q: float) -> float:
 def summarize_times(per_repeat: Sequence[Sequence[float]]) -> Timing:
     """`Timing` from per-decision seconds of each repeat: each decision's median over the repeats, then the
     total and percentiles over decisions (a one-off stall in one repeat does not count; a slow decision does)."""
-    import statistics
-
     n = min(len(r) for r in per_repeat)
     per = [statistics.median(r[i] for r in per_repeat) for i in range(n)]
     if not per:
@@ -93,9 +100,6 @@ def summarize_times(per_repeat: Sequence[Sequence[float]]) -> Timing:
 
 def split_at_steps(events: Sequence[Any], name: str, tok: Any, tpl: Any) -> Workload:
     """A `Workload` from events holding `Step`s (their assistant turns are the decision points)."""
-    from ctxkit.errors import ConfigError
-    from ctxkit.events import Compaction, EpisodeStart, Step
-
     events = [e for e in events if not isinstance(e, Compaction)]  # a source's own decisions are not replayed
     first = next((i for i, e in enumerate(events) if isinstance(e, Step)), None)
     if first is None:
@@ -120,7 +124,6 @@ def full_length(wl: Workload, tok: Any, tpl: Any) -> int:
     last = wl.turns[-1][0]
     if getattr(last, "context_length", None):
         return max(s[0].context_length + len(s[0].token_ids) for s in wl.turns)
-    from ctxkit.text.rendering.renderer import render
 
     msgs = wl.chats(wl.head) + [c for t in wl.turns[:-1] for c in wl.chats(t)] + wl.chats(wl.turns[-1][:1])
     return len(render(msgs, tok, tpl, tools=wl.tools_or_none).token_ids)
@@ -129,10 +132,6 @@ def full_length(wl: Workload, tok: Any, tpl: Any) -> int:
 def synthetic_workload(turns: int, tok: Any, tpl: Any, seed: int = 0) -> Workload:
     """The render benchmark's episode (`render_bench.build_episode`) as a workload: per turn an assistant
     tool call (a `Step` with its ids) and a ~300-word tool result."""
-    from ctxkit.benchmarks.synthetic_episode import build_episode
-    from ctxkit.events import EpisodeStart, Message, Step, ToolCall, ToolResult
-    from ctxkit.text.rendering.renderer import encode_assistant_turn
-
     head, steps, tools = build_episode(turns, seed)
     events: list = [EpisodeStart(episode_id="bench-build", tools=tuple(tools))]
     events += [Message(role=m["role"], content=m["content"]) for m in head]
@@ -150,10 +149,6 @@ def episode_workloads(path: str, tok: Any, tpl: Any, *, select: str | None = Non
                       format: str = "auto") -> list[Workload]:
     """Workloads of every episode of a conversation or trajectory file (or those `select` names), with
     assistant turns made into offline steps; `tools_file` replaces the file's tool schemas."""
-    from ctxkit.events import Step
-    from ctxkit.log.importers import read_episodes, read_tools
-    from ctxkit.training.offline_steps import add_offline_steps
-
     tools = read_tools(tools_file) if tools_file else None
     out = []
     base = os.path.basename(str(path))
@@ -191,8 +186,6 @@ def encode_only_times(tok: Any, deltas: Sequence[str]) -> list[float]:
     """Seconds to encode each delta (the physical-limit reference: nothing but the new text tokenized, by
     the fastest exact call the tokenizer library has: `encode_batch_fast` of one text, which skips the
     character offsets, where the installed `tokenizers` has it; ids equal `encode`'s)."""
-    import time
-
     if tok.hf is not None:
         backend = tok.hf.backend_tokenizer
         fast = getattr(backend, "encode_batch_fast", None)
@@ -216,8 +209,6 @@ def cold_start(tok: Any) -> None:
     """Empty every cache that holds episode content (the tokenizer's counts and piece encodings, pin
     detections by text), so a timed pass pays for all of its own text, as a worker's first sight of an
     episode does. Caches of configuration (compiled templates, template profiles) stay warm."""
-    from ctxkit.context.pins import clear_detection_cache
-
     tok.clear_caches()
     clear_detection_cache()
 
@@ -226,8 +217,6 @@ def budget_from_fraction(wl: Workload, tok: Any, tpl: Any, fraction: float, fits
     """`(budget, note)`: `fraction` of the episode's full length, or, when `fits(budget)` (a window pass over
     every decision point) says that is below the fixed prefix + newest turn, the smallest budget above it in
     `BUDGET_STEP` steps that fits; the note says which."""
-    from ctxkit.errors import BudgetError, ConfigError
-
     if not 0 < fraction <= 1:
         raise ConfigError(f"--budget-fraction {fraction}: expected a fraction in (0, 1]")
     wanted = max(1, int(wl.full_tokens * fraction))

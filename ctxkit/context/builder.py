@@ -34,6 +34,8 @@ from ctxkit.context.pins import detect_constraints, resolve_pin_rules
 from ctxkit.context.render_cache import RenderCache
 from ctxkit.text.special_tokens import RECORDED_DEFAULT, resolve_special_tokens
 from ctxkit.context.view import Provenance, View, ViewMessage, ViewState, apply_edits, build_view, make_view
+from ctxkit.text.template.chat_template import load_template
+from ctxkit.text.tokenizer.loader import load_tokenizer
 
 BUILDER_VERSION = "ctxkit-builder-v1"
 
@@ -114,9 +116,6 @@ class ContextBuilder:
         reserve_tokens: int = 0,
         special_tokens: str | Mapping[str, str] | None = None,
     ) -> None:
-        from ctxkit.text.template.chat_template import load_template
-        from ctxkit.text.tokenizer.loader import load_tokenizer
-
         if isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0:
             raise ConfigError(f"ContextBuilder: budget is {budget!r}; expected a positive integer (tokens)")
         if isinstance(reserve_tokens, bool) or not isinstance(reserve_tokens, int) or not 0 <= reserve_tokens < budget:
@@ -320,9 +319,6 @@ def rebuild(
     nothing and never runs a compressor. `budget` defaults to the one recorded in `EpisodeStart.context`;
     it is not enforced (a recorded overflow is reproduced), only reported in `truncated`. `special_tokens`
     defaults to the policy recorded in `EpisodeStart.context`, `"allow"` when none is (older logs)."""
-    from ctxkit.text.template.chat_template import load_template
-    from ctxkit.text.tokenizer.loader import load_tokenizer
-
     if hasattr(events, "events") and callable(events.events):
         events = events.events()
     tok = load_tokenizer(tokenizer)

@@ -35,6 +35,8 @@ from ctxkit.events import Compaction, EpisodeStart, Message, Step, ToolCall, Too
 from ctxkit.log.event_log import MemoryLog
 from ctxkit.text.rendering.renderer import encode_assistant_turn
 from ctxkit.context.view import find_orphans
+from ctxkit.text.template.chat_template import load_template
+from ctxkit.text.tokenizer.loader import load_tokenizer
 
 DEFAULT_TOKENIZER = "tiktoken:o200k_base"
 """Tokenizer used when none is given (its `.tiktoken` file is found offline, see `ctxkit.text.tokenizer.loader`)."""
@@ -154,9 +156,6 @@ def check_compressor(
     `tokenizer` defaults to `DEFAULT_TOKENIZER` rendered with `DEFAULT_TEMPLATE`; `expect_fit` defaults to
     the compressor's `fits_budget`. Raises `InvariantError` (or the builder's typed error) on the first
     failure, naming the plan; returns what was exercised."""
-    from ctxkit.text.template.chat_template import load_template
-    from ctxkit.text.tokenizer.loader import load_tokenizer
-
     if not budgets or any(isinstance(b, bool) or not isinstance(b, int) or b <= 0 for b in budgets):
         raise ConfigError(f"check_compressor: budgets is {budgets!r}; expected positive integers")
     if tokenizer is None:

@@ -119,7 +119,7 @@ def clear_vector_caches() -> None:
 def parse_records(data: bytes) -> tuple[list[tuple[bytes, Any]], int, bool]:
     """`(records, bytes consumed, corrupt)` of on-disk cache bytes: complete valid records from the start;
     reading stops at a partial tail (not consumed, not corrupt) or at the first invalid record (corrupt)."""
-    import numpy as np
+    import numpy as np  # lazy: numpy loads on first use
 
     out: list[tuple[bytes, Any]] = []
     pos = 0
@@ -147,7 +147,7 @@ def parse_records(data: bytes) -> tuple[list[tuple[bytes, Any]], int, bool]:
 
 def record_bytes(key: bytes, vec: Any) -> bytes:
     """One on-disk record for the unit vector `vec` under `key`."""
-    import numpy as np
+    import numpy as np  # lazy: numpy loads on first use
 
     v = np.ascontiguousarray(vec, dtype="<f4")
     body = _HEAD.pack(MAGIC, v.shape[0], key) + v.tobytes()

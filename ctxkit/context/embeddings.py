@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from ctxkit.errors import ConfigError
+from ctxkit.context.embedding_cache import count_encode, vector_cache, vector_key
+from ctxkit.context.models import embedder_id, load_embedder
 
 
 def text_sha(text: str) -> str:
@@ -46,7 +48,7 @@ def encode_texts(model: Any, texts: Sequence[str]):
     which changes the last bits of a vector with its batch mates. Any other object with a
     sentence-transformers style `encode(texts, ...)` is called once, as it is.
     """
-    import numpy as np
+    import numpy as np  # lazy: numpy loads on first use
 
     texts = list(texts)
     tokenizer = getattr(model, "tokenizer", None)
@@ -54,7 +56,7 @@ def encode_texts(model: Any, texts: Sequence[str]):
     if tokenizer is None or not isinstance(limit, int) or not callable(getattr(model, "forward", None)):
         vecs = model.encode(texts, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
         return np.asarray(vecs, dtype=np.float32)
-    import torch
+    import torch  # lazy: torch loads on first use
 
     lengths = [len(ids) for ids in tokenizer(texts, truncation=True, max_length=limit)["input_ids"]]
     groups: dict[int, list[int]] = {}
@@ -103,8 +105,6 @@ class TextEmbedder:
     def id(self) -> str:
         """`<model name>@sha256:<16 hex>` of the embedding model's weights."""
         if self._id is None:
-            from ctxkit.context.models import embedder_id
-
             self._id = embedder_id(self.model_path)
         return self._id
 
@@ -112,17 +112,14 @@ class TextEmbedder:
     def model(self) -> Any:
         """The underlying model (loaded on first access)."""
         if self._model is None:
-            from ctxkit.context.models import load_embedder
-
             self._model = load_embedder(self.model_path, device=self.device)
         return self._model
 
     def encode(self, texts: Sequence[str]):
         """A `(len(texts), dim)` float32 array of unit vectors (`(0, 0)` for no texts); only texts not
         cached reach the model, in one batched call."""
-        import numpy as np
+        import numpy as np  # lazy: numpy loads on first use
 
-        from ctxkit.context.embedding_cache import count_encode, vector_cache, vector_key
 
         if not texts:
             return np.zeros((0, 0), dtype=np.float32)
@@ -254,7 +251,7 @@ class PassageIndex:
             extra = [t for t in also if t]
             vecs = self.embedder.encode([p.text for p in new] + extra)[: len(new)]
             if self._index is None:
-                import faiss
+                import faiss  # lazy: faiss loads on first use
 
                 self._index = faiss.IndexFlatIP(vecs.shape[1])
             self._index.add(vecs)

@@ -190,7 +190,7 @@ def _resolve_lm_location(path: str | os.PathLike) -> tuple[str, str | None, str]
         raise ConfigError(f"model path {text} does not exist")
     # A hub id: resolve it in the local cache only (nothing is downloaded).
     try:
-        from huggingface_hub import snapshot_download
+        from huggingface_hub import snapshot_download  # lazy: huggingface_hub loads on first use
 
         folder = snapshot_download(text, local_files_only=True)
     except Exception as exc:  # noqa: BLE001 - any failure means "not available offline"
@@ -221,8 +221,8 @@ def load_causal_lm(path: str | os.PathLike | None = None, *, device: str = "cpu"
         _require("transformers", "lm", "loading a causal LM")
         if gguf_file is not None:
             _require("gguf", "lm", "loading a .gguf model")
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-        from transformers.utils import logging as hf_logging
+        from transformers import AutoModelForCausalLM, AutoTokenizer  # lazy: transformers loads on first use
+        from transformers.utils import logging as hf_logging  # lazy: transformers loads on first use
 
         kwargs: dict[str, Any] = {"gguf_file": gguf_file} if gguf_file else {}
         verbosity = hf_logging.get_verbosity()
@@ -293,8 +293,8 @@ def load_embedder(path: str | os.PathLike | None = None, device: str = "cpu") ->
             return cached
         _require("torch", "retrieval", "loading a sentence embedder")
         _require("sentence_transformers", "retrieval", "loading a sentence embedder")
-        from sentence_transformers import SentenceTransformer
-        from transformers.utils import logging as hf_logging
+        from sentence_transformers import SentenceTransformer  # lazy: sentence_transformers loads on first use
+        from transformers.utils import logging as hf_logging  # lazy: transformers loads on first use
 
         progress = hf_logging.is_progress_bar_enabled()
         hf_logging.disable_progress_bar()

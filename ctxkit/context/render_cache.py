@@ -20,6 +20,9 @@ from functools import cached_property
 from typing import Any, Sequence
 
 from ctxkit.context.view import View, ViewMessage
+from ctxkit.text.rendering.renderer import IncrementalRenderer
+from ctxkit.text.rendering.segments import SegmentCache, message_key, safe_opener
+from ctxkit.text.template.profile import template_profile
 
 
 def shared_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
@@ -58,8 +61,6 @@ class RenderCache:
     text is still cut into segments when the tokenizer allows it."""
 
     def __init__(self, tokenizer: Any, template: Any, size: int = 8, special_tokens: Any = None):
-        from ctxkit.text.rendering.segments import SegmentCache
-
         self.tokenizer = tokenizer
         self.special_tokens = special_tokens
         self.template = template
@@ -77,9 +78,6 @@ class RenderCache:
     def _opener_id(self) -> int | None:
         """Id of the template's turn opener when a view's render is its turns one after another, each
         tokenized on its own (a local template, a segmentable tokenizer, a safe opener); else None."""
-        from ctxkit.text.rendering.segments import safe_opener
-        from ctxkit.text.template.profile import template_profile
-
         profile = template_profile(self.tokenizer, self.template)
         opener = safe_opener(self.tokenizer, profile.turn_opener)
         return self.tokenizer.special_tokens[opener] if opener is not None and profile.locality.local else None
@@ -121,8 +119,6 @@ class RenderCache:
         """The chat dict of `m` and its `message_key`, made once per message (the dicts are never changed)."""
         hit = self._chats.get(m)
         if hit is None:
-            from ctxkit.text.rendering.segments import message_key
-
             chat = m.to_chat()
             hit = (chat, message_key(chat))
             if len(self._chats) > 50_000:
@@ -136,7 +132,6 @@ class RenderCache:
         if hit is not None:
             self._cache.move_to_end(view.hash)
             return hit
-        from ctxkit.text.rendering.renderer import IncrementalRenderer
 
         msgs = view.messages
         renderer, n = None, 0

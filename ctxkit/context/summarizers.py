@@ -22,6 +22,8 @@ import threading
 from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 from ctxkit.errors import ConfigError, CtxkitError
+from ctxkit.context.embeddings import TextEmbedder
+from ctxkit.context.models import default_lm_path, load_causal_lm, model_id
 
 
 @runtime_checkable
@@ -141,8 +143,6 @@ class LMSummarizer:
     def id(self) -> str:
         """`lm:<model id>` (weights hashed once; the model is not loaded for this)."""
         if self._id is None:
-            from ctxkit.context.models import default_lm_path, model_id
-
             path = default_lm_path() if self.model_path is None else self.model_path
             if os.path.exists(path):
                 self._id = f"lm:{model_id(path)}"
@@ -151,8 +151,6 @@ class LMSummarizer:
         return self._id
 
     def _load(self):
-        from ctxkit.context.models import load_causal_lm
-
         return load_causal_lm(self.model_path, device=self.device)
 
     def prompt_messages(self, messages: Sequence[Mapping[str, Any]]) -> list[dict[str, str]]:
@@ -170,8 +168,8 @@ class LMSummarizer:
         if not messages:
             return ""
         lm = self._load()
-        import torch
-        from transformers import GenerationConfig
+        import torch  # lazy: torch loads on first use
+        from transformers import GenerationConfig  # lazy: transformers loads on first use
 
         tok = lm.hf_tokenizer
         enc = tok.apply_chat_template(
@@ -231,7 +229,6 @@ class ExtractiveSummarizer:
         if not isinstance(separator, str):
             raise ConfigError(f"{who}: parameter 'separator' is {separator!r}; expected a string")
         self.separator = separator
-        from ctxkit.context.embeddings import TextEmbedder
 
         self.embedder = TextEmbedder(model_path, device=str(device))
         """The sentence embedder (vectors cached by content hash, per process and in a run's on-disk cache,
@@ -262,7 +259,7 @@ class ExtractiveSummarizer:
         """Indices (ascending) of the chosen sentences."""
         if len(sentences) <= self.n_sentences:
             return list(range(len(sentences)))
-        import numpy as np
+        import numpy as np  # lazy: numpy loads on first use
 
         vecs = np.asarray(self.embedder.encode(list(sentences)), dtype=np.float64)
         centroid = vecs.mean(axis=0)

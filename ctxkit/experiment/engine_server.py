@@ -38,8 +38,10 @@ import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
+import ctypes
 
 from ctxkit.errors import ConfigError, CtxkitError
+from ctxkit.context.models import default_lm_path
 
 if TYPE_CHECKING:  # pragma: no cover
     from ctxkit.experiment.config import ExperimentConfig
@@ -123,7 +125,6 @@ class LlamaServerSpec:
         """The GGUF file to serve (the default one resolved)."""
         if self.model_path is not None:
             return Path(self.model_path).expanduser().resolve()
-        from ctxkit.context.models import default_lm_path
 
         return default_lm_path()
 
@@ -149,8 +150,6 @@ def _stop_live() -> None:
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
     """Linux: the server gets SIGTERM when the process that started it dies (even by SIGKILL)."""
     try:
-        import ctypes
-
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass

@@ -43,6 +43,13 @@ from ctxkit.experiment.config import EpisodeSpec, ExperimentConfig
 from ctxkit.experiment.metrics import StepRecord, common_prefix, episode_metrics
 from ctxkit.experiment.tasks.base import TaskEpisode, make_task
 from ctxkit.experiment.tasks.tools import InvalidToolCall, ToolOutput
+from ctxkit.context.builder import ContextBuilder
+from ctxkit.context.embedding_cache import run_cache_dir, using_cache_dir
+from ctxkit.context.view import message_of
+from ctxkit.log.event_log import EventLog
+from ctxkit.log.state import DirectoryState, record_snapshot
+from ctxkit.text.rendering.renderer import IncrementalRenderer
+from ctxkit.text.tokenizer.loader import load_tokenizer
 
 __all__ = ["run_episode", "log_path", "step_seed", "close_agents"]
 
@@ -82,14 +89,10 @@ class _FullHistory:
     """Token count of the history rendered without any compaction (what keep-all would send)."""
 
     def __init__(self, tokenizer: Any, template: Any, tools: Any):
-        from ctxkit.text.rendering.renderer import IncrementalRenderer
-
         self._renderer = IncrementalRenderer(tokenizer, template, list(tools) or None)
         self._seen = 0
 
     def tokens(self, events: Any) -> int:
-        from ctxkit.context.view import message_of
-
         for event in events[self._seen:]:
             vm = message_of(event)
             if vm is not None:
@@ -101,7 +104,6 @@ class _FullHistory:
 def _snapshot(log: Any, episode: TaskEpisode, after_event_id: str | None) -> None:
     if not episode.snapshot_dirs:
         return
-    from ctxkit.log.state import DirectoryState, record_snapshot
 
     for name, path in episode.snapshot_dirs.items():
         record_snapshot(log, DirectoryState(path), name=name, after_event_id=after_event_id)
@@ -119,17 +121,11 @@ def _end(outcome: str, cause: str, reward: float | None, reward_kind: str, **sco
 def run_episode(config: ExperimentConfig, spec: EpisodeSpec, out_dir: str | Path) -> dict[str, Any]:
     """Run one episode, write its log, and return its results row. Embeddings go through the run's
     on-disk cache (`<out_dir>/cache/embeddings`), shared by every arm, episode and worker of the run."""
-    from ctxkit.context.embedding_cache import run_cache_dir, using_cache_dir
-
     with using_cache_dir(run_cache_dir(out_dir)):
         return _run_episode(config, spec, out_dir)
 
 
 def _run_episode(config: ExperimentConfig, spec: EpisodeSpec, out_dir: str | Path) -> dict[str, Any]:
-    from ctxkit.context.builder import ContextBuilder
-    from ctxkit.log.event_log import EventLog
-    from ctxkit.text.tokenizer.loader import load_tokenizer
-
     wall_start = time.perf_counter()
     arm = config.arm(spec.arm)
     task_cfg = config.task(spec.task)

@@ -283,11 +283,11 @@ def render_markdown(summary: Mapping[str, Any], *, title: str, run_dir: str = ".
 
 def _pyplot() -> Any:
     try:
-        import matplotlib
+        import matplotlib  # lazy: matplotlib loads on first use
     except ImportError:
         raise ConfigError("the report's plots need matplotlib: pip install 'ctxkit[report]'") from None
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib loads on first use
 
     return plt
 

@@ -19,6 +19,7 @@ import json
 import os
 from pathlib import Path
 from typing import Any, Mapping
+from filelock import FileLock, Timeout
 
 from ctxkit.errors import ConfigError
 
@@ -168,7 +169,7 @@ class RunLock:
     def acquire(self) -> "RunLock":
         """Take the lock; `ConfigError` when another process holds it or the folder is not writable."""
         try:
-            import fcntl
+            import fcntl  # lazy: POSIX only; the fallback below covers its absence
         except ImportError:  # pragma: no cover - not POSIX
             return self._acquire_filelock()
         try:
@@ -191,7 +192,6 @@ class RunLock:
         return self
 
     def _acquire_filelock(self) -> "RunLock":  # pragma: no cover - not POSIX
-        from filelock import FileLock, Timeout
 
         lock = FileLock(str(self.path), timeout=0)
         try:

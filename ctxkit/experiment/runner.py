@@ -50,6 +50,13 @@ from ctxkit.experiment.config import EpisodeSpec, ExperimentConfig
 from ctxkit.experiment.engine_server import serve_agents
 from ctxkit.experiment.episode import log_path, run_episode
 from ctxkit.experiment.run_folder import RESULTS, RUN_INFO, append_row, check_out_dir, open_run_folder, read_rows, read_run_info
+from ctxkit.context.builder import ContextBuilder
+from ctxkit.context.compress import make_compressor
+from ctxkit.events import EpisodeStart, message_from_openai
+from ctxkit.experiment.agents.base import agent_class
+from ctxkit.experiment.tasks.base import make_task
+from ctxkit.log.event_log import EventLog, read_events, verify
+from ctxkit.text.tokenizer.loader import load_tokenizer
 
 __all__ = ["validate", "run_experiment", "RunSummary", "RunInterrupted", "read_rows", "EXECUTORS", "config_fingerprint",
            "check_ray_address"]
@@ -101,14 +108,6 @@ def config_fingerprint(config: ExperimentConfig) -> str:
 
 def validate(config: ExperimentConfig) -> None:
     """Check everything the grid needs before any episode runs (see the module docstring)."""
-    from ctxkit.context.builder import ContextBuilder
-    from ctxkit.context.compress import make_compressor
-    from ctxkit.events import EpisodeStart, message_from_openai
-    from ctxkit.experiment.agents.base import agent_class
-    from ctxkit.experiment.tasks.base import make_task
-    from ctxkit.log.event_log import EventLog
-    from ctxkit.text.tokenizer.loader import load_tokenizer
-
     path = config.path
     try:
         tokenizer = load_tokenizer(config.tokenizer)
@@ -165,8 +164,6 @@ def validate(config: ExperimentConfig) -> None:
 
 
 def _log_finished(path: Path) -> bool:
-    from ctxkit.log.event_log import read_events, verify
-
     if not path.exists():
         return False
     try:
@@ -292,7 +289,7 @@ def _ray_session(workers: int, address: str | None) -> Iterator[None]:
     """Connect to (or start) Ray for the run, and shut it down after when this call started it."""
     check_ray_address(address)
     try:
-        import ray
+        import ray  # lazy: ray loads on first use
     except ImportError:
         raise ConfigError("executor 'ray' needs Ray: pip install 'ctxkit[ray]'") from None
     started = False
@@ -313,7 +310,7 @@ def _ray_session(workers: int, address: str | None) -> Iterator[None]:
 
 
 def _run_ray(config: ExperimentConfig, todo: list[EpisodeSpec], out: Path, done: Callable[[dict[str, Any]], None]) -> None:
-    import ray
+    import ray  # lazy: ray loads on first use
 
     remote = ray.remote(num_cpus=1)(run_episode)
     pending = [remote.remote(config, spec, str(out)) for spec in todo]
@@ -373,7 +370,7 @@ def run_experiment(
                         else:
                             _run_local(served, todo, out, workers, done)
             if report:
-                from ctxkit.experiment.report import write_report
+                from ctxkit.experiment.report import write_report  # lazy: pulls numpy
 
                 report_path = str(write_report(out))
         except KeyboardInterrupt:
@@ -392,7 +389,8 @@ class _progress:
     def __enter__(self) -> Callable[[dict[str, Any]], None]:
         if not self.enabled:
             return lambda row: None
-        from rich.console import Console
+        from rich.console import Console  # lazy: rich loads on first use
+        # lazy: rich loads on first use
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         self._progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),

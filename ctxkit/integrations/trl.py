@@ -37,9 +37,20 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
+import copy
 
 from ctxkit.errors import BudgetError, ConfigError
-from ctxkit.training.episode_samples import TrainingSample
+from ctxkit.training.episode_samples import TrainingSample, samples
+from ctxkit.context.builder import ContextBuilder
+from ctxkit.context.models import MissingExtraError
+from ctxkit.events import EpisodeEnd, EpisodeStart, ToolResult, message_from_openai
+from ctxkit.experiment.agents.base import to_step
+from ctxkit.experiment.agents.hf import TransformersAgent
+from ctxkit.experiment.tasks.base import make_task
+from ctxkit.experiment.tasks.tools import InvalidToolCall
+from ctxkit.log.event_log import EventLog
+from ctxkit.text.tokenizer.loader import Tokenizer, load_tokenizer
+from ctxkit.training.sample_files import read_samples
 
 __all__ = [
     "EpisodeRollout", "RolloutRow", "SPLIT_POLICIES", "episode_rollout", "reward_func", "rollout_batch",
@@ -97,8 +108,6 @@ def sample_to_rollout(sample: TrainingSample, *, log: str = "") -> RolloutRow:
 
 def episode_rollout(log_path: str | Path, *, on_split: str = "error") -> RolloutRow:
     """The GRPO rollout of one logged episode (replayed and hash-checked by `training_samples.samples`)."""
-    from ctxkit.training.episode_samples import samples
-
     if on_split not in SPLIT_POLICIES:
         raise ConfigError(f"on_split={on_split!r}: expected one of {list(SPLIT_POLICIES)}")
     got = samples(str(log_path))
@@ -148,8 +157,6 @@ def trainable_copy(model: Any) -> Any:
     after checking that every parameter really is floating point (`ConfigError` naming one that is not).
     The original (shared by `ctxkit.context.models`' cache) is left untouched.
     """
-    import copy
-
     for name, param in model.named_parameters():
         if not param.dtype.is_floating_point:
             raise ConfigError(f"parameter {name} is {param.dtype}, not floating point: the model is really "
@@ -175,8 +182,6 @@ def trainable_copy(model: Any) -> Any:
 
 
 def _end(outcome: str, cause: str, reward: float | None, reward_kind: str, **scores: Any):
-    from ctxkit.events import EpisodeEnd
-
     return EpisodeEnd(outcome=outcome, cause=cause, reward=reward, reward_kind=reward_kind, scores=scores)
 
 
@@ -189,11 +194,6 @@ def run_tool_episode(path: str | Path, *, task: Any, seed: int, builder: Any, ag
     episodes: answered (scored), invalid or failed tool call (reward 0), turn cut by the generation limit,
     over budget, or `max_steps` (no reward).
     """
-    from ctxkit.events import EpisodeStart, ToolResult, message_from_openai
-    from ctxkit.experiment.agents.base import to_step
-    from ctxkit.experiment.tasks.tools import InvalidToolCall
-    from ctxkit.log.event_log import EventLog
-
     episode = task.episode(seed, Path(workdir))
     log = EventLog.create(path, episode_id=episode_id)
     try:
@@ -256,10 +256,6 @@ class EpisodeRollout:
                  pins: bool = False, max_steps: int = 4, temperature: float = 1.0, top_p: float = 1.0,
                  max_new_tokens: int = 16, on_split: str = "error"):
         """Check the configuration and build the task and context builder (the model is bound per call)."""
-        from ctxkit.context.builder import ContextBuilder
-        from ctxkit.experiment.tasks.base import make_task
-        from ctxkit.text.tokenizer.loader import Tokenizer, load_tokenizer
-
         if on_split not in SPLIT_POLICIES:
             raise ConfigError(f"on_split={on_split!r}: expected one of {list(SPLIT_POLICIES)}")
         if not (isinstance(max_steps, int) and max_steps >= 1):
@@ -278,8 +274,6 @@ class EpisodeRollout:
 
     def agent_for(self, trainer: Any) -> Any:
         """A `TransformersAgent` sampling with the trainer's current weights (the same module, not a copy)."""
-        from ctxkit.experiment.agents.hf import TransformersAgent
-
         model = trainer.accelerator.unwrap_model(trainer.model)
         if self._agent is None:
             self._agent = TransformersAgent(tokenizer=self.tokenizer, model_path=self.model_path, device=str(model.device),
@@ -334,8 +328,6 @@ def _seed_of(prompt: Any, index: int) -> int:
 
 def sft_records(path: str | Path) -> list[dict[str, list[int]]]:
     """Rows `{"input_ids", "labels"}` of a `ctxkit samples` export, labels -100 off the loss mask."""
-    from ctxkit.training.sample_files import read_samples
-
     rows = []
     for s in read_samples(path):
         if not any(s.loss_mask):
@@ -349,10 +341,8 @@ def sft_records(path: str | Path) -> list[dict[str, list[int]]]:
 
 def sft_dataset(path: str | Path) -> Any:
     """`sft_records(path)` as a `datasets.Dataset` (pre-tokenized: TRL's SFT trainer uses it as is)."""
-    from ctxkit.context.models import MissingExtraError
-
     try:
-        from datasets import Dataset
+        from datasets import Dataset  # lazy: datasets loads on first use
     except ImportError as exc:
         raise MissingExtraError("datasets", "train", "the TRL SFT dataset adapter") from exc
     return Dataset.from_list(sft_records(path))

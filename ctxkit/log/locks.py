@@ -30,6 +30,7 @@ import weakref
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable
+from filelock import FileLock, Timeout
 
 import orjson
 
@@ -110,7 +111,6 @@ class WriterLock:
     def acquire(self, *, blocking: bool = True) -> bool:
         """Take the lock; with `blocking=False` return False at once when another descriptor holds it."""
         if fcntl is None:  # pragma: no cover - not POSIX
-            from filelock import FileLock, Timeout
 
             self._fallback = self._fallback or FileLock(str(self.path))
             try:

@@ -26,7 +26,9 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from ctxkit.errors import ConfigError, RenderError
+from ctxkit.errors import ConfigError, CtxkitError, RenderError
+from ctxkit.events import EpisodeStart, Message, Step, ToolResult, content_text
+from ctxkit.text.tokenizer.loader import load_tokenizer
 
 SPECIAL_TOKEN_POLICIES = ("allow", "escape", "error")
 """What a render does with special-token text in a message's content."""
@@ -94,8 +96,6 @@ def find_special_tokens(text: str, tokenizer: Any) -> list[tuple[int, str]]:
 
 def count_special_tokens_in_content(events: Iterable[Any], tokenizer: Any) -> int:
     """Number of special-token occurrences in the content of a log's chat events (for `ctxkit audit`)."""
-    from ctxkit.events import Message, Step, ToolResult, content_text
-
     return sum(len(find_special_tokens(content_text(e.content), tokenizer))
                for e in events if isinstance(e, (Message, Step, ToolResult)))
 
@@ -124,7 +124,7 @@ def _plain_backends(tokenizer: Any) -> tuple[Any, Any]:
     with _PLAIN_LOCK:
         hit = _PLAIN.get(tokenizer.id)
         if hit is None:
-            from tokenizers import Tokenizer as Backend
+            from tokenizers import Tokenizer as Backend  # lazy: tokenizers loads on first use
 
             backend = getattr(tokenizer, "backend", None) or tokenizer.hf.backend_tokenizer  # no transformers load
             spec = json.loads(backend.to_str())
@@ -183,10 +183,6 @@ def encode_escaped(tokenizer: Any, text: str, literal: set[int]) -> tuple[list[i
 def count_in_log(events: Iterable[Any]) -> int | None:
     """`count_special_tokens_in_content` under the tokenizer recorded in the log's `EpisodeStart.context`;
     None when no tokenizer is recorded or it cannot be loaded here."""
-    from ctxkit.errors import CtxkitError
-    from ctxkit.events import EpisodeStart
-    from ctxkit.text.tokenizer.loader import load_tokenizer
-
     events = list(events)
     start = next((e for e in events if isinstance(e, EpisodeStart)), None)
     spec = (start.context.get("tokenizer") or {}).get("spec") if start is not None else None

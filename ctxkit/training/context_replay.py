@@ -28,6 +28,12 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 from ctxkit.errors import ConfigError, CtxkitError, ReplayError
 from ctxkit.events import Compaction, EpisodeEnd, EpisodeStart, Event, Message, Pin, Step, ToolCall, ToolResult
+from ctxkit.context.builder import ContextBuilder, rebuild
+from ctxkit.context.pins import active_pins
+from ctxkit.log.event_log import read_events, read_header, repair, verify
+from ctxkit.log.state import BlobStore, latest_snapshots, restore_snapshot
+from ctxkit.text.template.chat_template import load_template
+from ctxkit.text.tokenizer.loader import load_tokenizer
 
 if TYPE_CHECKING:  # pragma: no cover
     from ctxkit.context.builder import BuiltContext
@@ -43,8 +49,6 @@ def load_events(log_or_events: Any) -> tuple[tuple[Event, ...], str]:
     if hasattr(log_or_events, "events") and callable(log_or_events.events):
         return tuple(log_or_events.events()), str(getattr(log_or_events, "episode_id", "") or "")
     if isinstance(log_or_events, (str, os.PathLike)):
-        from ctxkit.log.event_log import read_events, read_header
-
         events = read_events(log_or_events)
         return events, str(read_header(log_or_events).get("episode_id", ""))
     if isinstance(log_or_events, Sequence):
@@ -57,9 +61,6 @@ def resolve_setup(events: Sequence[Event], *, tokenizer: Any = None, template: A
     """`(tokenizer, template, warnings)` to replay `events` with: the recorded ones from
     `EpisodeStart.context` unless given; a recorded id that differs from the loaded one is a `ReplayError`
     unless `allow_hash_mismatch` (then it is a warning)."""
-    from ctxkit.text.template.chat_template import load_template
-    from ctxkit.text.tokenizer.loader import load_tokenizer
-
     start = next((e for e in events if isinstance(e, EpisodeStart)), None)
     desc = dict(start.context) if start is not None else {}
     rec_tok = desc.get("tokenizer") if isinstance(desc.get("tokenizer"), dict) else {}
@@ -204,8 +205,6 @@ def replay_steps(log_or_events: Any, *, tokenizer: Any = None, template: Any = N
                  allow_hash_mismatch: bool = False) -> Iterator[ReplayResult]:
     """Replay every step in log order, yielding one `ReplayResult` each (a failed rebuild is reported in
     the result, never raised). Setup errors (no recorded tokenizer, id mismatch) raise `ReplayError`."""
-    from ctxkit.context.builder import rebuild
-
     events, _ = load_events(log_or_events)
     tok, tpl, warnings = resolve_setup(events, tokenizer=tokenizer, template=template, allow_hash_mismatch=allow_hash_mismatch)
     trusted: tuple[int, ...] | None = None
@@ -299,11 +298,6 @@ def resume(log_path: Any, *, targets: Mapping[str, Any] | None = None, tokenizer
     """Prepare to continue the episode in `log_path`: repair a torn tail, restore the latest snapshot of
     each recorded state (directories into `targets[name]`, required for each directory state; JSON values
     are returned), find pending tool calls, pins in force and the sampler, and rebuild the builder."""
-    from ctxkit.context.builder import ContextBuilder
-    from ctxkit.log.event_log import read_events, read_header, repair, verify
-    from ctxkit.context.pins import active_pins
-    from ctxkit.log.state import BlobStore, latest_snapshots, restore_snapshot
-
     if not isinstance(log_path, (str, os.PathLike)):
         raise ConfigError(f"resume: expected a log path, got {type(log_path).__name__}")
     report = verify(log_path)

@@ -34,9 +34,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+import dataclasses
+import json
 
-from ctxkit.errors import BudgetError, ConfigError, ReplayError
-from ctxkit.events import EpisodeEnd, EpisodeStart, Step
+from ctxkit.errors import BudgetError, ConfigError, CtxkitError, ReplayError
+from ctxkit.events import Compaction, EpisodeEnd, EpisodeStart, Step, event_to_dict
+from ctxkit.context.builder import ContextBuilder
+from ctxkit.log.event_log import MemoryLog
+from ctxkit.training.context_replay import load_events, replay_steps, resolve_setup
+from ctxkit.training.offline_steps import add_offline_steps
 
 if TYPE_CHECKING:  # pragma: no cover
     from ctxkit.log.event_log import EventLog
@@ -149,8 +155,6 @@ def _compressor_text(context: Mapping[str, Any]) -> str:
         name = spec.get("id") or spec.get("name") or ""
         params = spec.get("params")
         if params:
-            import json
-
             return f"{name} {json.dumps(params, sort_keys=True, ensure_ascii=False)}"
         return str(name)
     return "" if spec is None else str(spec)
@@ -293,8 +297,6 @@ def samples(log_or_events: "EventLog | Sequence[Any] | str", *, tokenizer: Any =
     given, whose ids must match the recorded ones) and checked against the step's `context_hash`; a
     mismatch raises `ReplayError` naming the step. Returns the samples in order (see the module docstring).
     """
-    from ctxkit.training.context_replay import load_events, replay_steps
-
     events, header_episode = load_events(log_or_events)
     replayed = replay_steps(events, tokenizer=tokenizer, template=template)
     triples = []
@@ -346,14 +348,6 @@ def compressed_samples(
     the rebuild (its pins are recorded in `compactions`). A context the compressor cannot fit raises the
     builder's error (`BudgetError`, ...) naming the step.
     """
-    import dataclasses
-
-    from ctxkit.context.builder import ContextBuilder
-    from ctxkit.errors import CtxkitError
-    from ctxkit.events import Compaction, event_to_dict
-    from ctxkit.log.event_log import MemoryLog
-    from ctxkit.training.context_replay import load_events, resolve_setup
-
     if on_overflow not in OVERFLOW_POLICIES:
         raise ConfigError(f"on_overflow is {on_overflow!r}; expected one of {list(OVERFLOW_POLICIES)}")
     events, header_episode = load_events(log_or_events)
@@ -361,7 +355,6 @@ def compressed_samples(
     if not any(isinstance(e, Step) for e in events):
         if tokenizer is None:
             raise ConfigError(f"{where}the log holds no steps; pass a tokenizer to make offline steps from its assistant turns")
-        from ctxkit.training.offline_steps import add_offline_steps
 
         events = tuple(add_offline_steps(events, tokenizer, template))
     tok, tpl, _ = resolve_setup(events, tokenizer=tokenizer, template=template)

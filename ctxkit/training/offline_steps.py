@@ -28,6 +28,10 @@ from typing import Any, Sequence
 
 from ctxkit.errors import ConfigError
 from ctxkit.events import FINISH_REASONS, EpisodeStart, Event, Message, Step
+from ctxkit.context.builder import ContextBuilder
+from ctxkit.context.view import message_of
+from ctxkit.log.event_log import MemoryLog
+from ctxkit.text.rendering.renderer import encode_assistant_turn
 
 __all__ = ["OFFLINE_BUDGET", "OFFLINE_LOGPROB_KIND", "add_offline_steps", "is_offline_step"]
 
@@ -57,11 +61,6 @@ def add_offline_steps(events: Sequence[Event], tokenizer: Any, template: Any = N
     Returns unrecorded events (`seq`/`id` cleared) ready to append to a new log. An episode that already
     holds steps is refused (`ConfigError` naming the first step's seq): its steps record what was sampled.
     """
-    from ctxkit.context.builder import ContextBuilder
-    from ctxkit.log.event_log import MemoryLog
-    from ctxkit.text.rendering.renderer import encode_assistant_turn
-    from ctxkit.context.view import message_of
-
     events = list(events)
     live = next((e for e in events if isinstance(e, Step)), None)
     if live is not None:

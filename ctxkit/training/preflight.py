@@ -47,6 +47,8 @@ from ctxkit.text.special_tokens import count_in_log
 from ctxkit.events import Compaction, EpisodeEnd, EpisodeStart, Event, Step, ToolResult
 from ctxkit.training.preflight_resume import resume_problems
 from ctxkit.training.offline_steps import is_offline_step
+from ctxkit.training.context_replay import load_events, replay_steps
+from ctxkit.training.episode_samples import assemble_samples, episode_meta
 
 __all__ = ["CHECKS", "Finding", "CheckResult", "AuditReport", "audit", "find_logs"]
 
@@ -225,8 +227,6 @@ def _raw_end_lines(path: Path) -> list[tuple[int, dict[str, Any]]]:
 
 
 def _audit_log(path: Path, acc: _Acc, *, trained_at: int | None, rebuild: bool) -> None:
-    from ctxkit.training.context_replay import load_events
-
     p = str(path)
     acc.n["logs"] += 1
     try:
@@ -288,8 +288,6 @@ def _check_record(p: str, events: Sequence[Event], steps: Sequence[Step], acc: _
             ok = False
     if not rebuild or not ok:
         return ok
-    from ctxkit.training.context_replay import replay_steps
-    from ctxkit.training.episode_samples import assemble_samples, episode_meta
 
     try:
         results = list(replay_steps(events))

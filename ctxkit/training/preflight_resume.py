@@ -13,6 +13,8 @@ from typing import Mapping, Sequence
 
 from ctxkit.events import EpisodeEnd, EpisodeStart, Event, Pin, StateSnapshot, Step, ToolResult, Unpin
 from ctxkit.training.offline_steps import is_offline_step
+from ctxkit.errors import StateError
+from ctxkit.log.state import BlobStore
 
 __all__ = ["resume_problems", "snapshot_problems"]
 
@@ -67,8 +69,6 @@ def snapshot_problems(path: Path, events: Sequence[Event], snaps: Sequence[State
                          "but no StateSnapshot follows it" for r in pending]
             pending = []
     problems += [f"seq {r.seq}: tool result for call {r.tool_call_id!r} has no StateSnapshot after it" for r in pending]
-    from ctxkit.errors import StateError
-    from ctxkit.log.state import BlobStore
 
     store = BlobStore.for_log(path)
     for s in snaps:

@@ -178,7 +178,7 @@ def token_logprobs(model: Any, input_ids: Any, attention_mask: Any, *, temperatu
     Position t >= 1 holds `log softmax(logits[t - 1] / temperature)[token t]`; position 0 holds 0. Gradients
     flow unless called under `torch.no_grad()`.
     """
-    import torch
+    import torch  # lazy: torch loads on first use
 
     ids = torch.as_tensor(input_ids, dtype=torch.long)
     att = torch.as_tensor(attention_mask, dtype=torch.long)
@@ -196,7 +196,7 @@ def policy_loss(new_logprobs: Any, batch: SampleBatch, config: LossConfig = Loss
     `new_logprobs`: `token_logprobs` of the current weights (with gradient). `old_logprobs`: the trainer's
     log-probs before the update (no gradient); required with `config.tis_clip`, ignored otherwise.
     """
-    import torch
+    import torch  # lazy: torch loads on first use
 
     device = new_logprobs.device
     mask = torch.as_tensor(batch.loss_mask, dtype=torch.float32, device=device)
@@ -240,7 +240,7 @@ def policy_loss(new_logprobs: Any, batch: SampleBatch, config: LossConfig = Loss
 def reference_step(model: Any, optimizer: Any, samples: Sequence[TrainingSample], config: LossConfig = LossConfig(), *,
                    advantages: Sequence[float] | None = None, pad_id: int = 0) -> StepStats:
     """One optimizer step of the clipped policy-gradient loss over `samples` (see the module docstring)."""
-    import torch
+    import torch  # lazy: torch loads on first use
 
     batch = collate_samples(samples, advantages=advantages, pad_id=pad_id)
     old = None

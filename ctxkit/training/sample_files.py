@@ -87,7 +87,7 @@ PARQUET_SCHEMA: tuple[tuple[str, str], ...] = (
 
 def parquet_schema():
     """The `pyarrow.Schema` of the Parquet export."""
-    import pyarrow as pa
+    import pyarrow as pa  # lazy: pyarrow loads on first use
 
     scalar = {"string": pa.string(), "int32": pa.int32(), "int8": pa.int8(), "float64": pa.float64(), "bool": pa.bool_()}
     fields = []
@@ -140,8 +140,8 @@ def write_parquet(samples: Iterable[TrainingSample], path, *, inline_prefixes: b
                   info: Mapping[str, Any] | None = None) -> Path:
     """Write samples to a Parquet file (schema `PARQUET_SCHEMA`, `info` and the samples' compactions in the
     file metadata); returns the path."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    import pyarrow as pa  # lazy: pyarrow loads on first use
+    import pyarrow.parquet as pq  # lazy: pyarrow loads on first use
 
     samples = list(samples)
     schema = parquet_schema()
@@ -190,7 +190,7 @@ def write_samples(samples: Iterable[TrainingSample], path, *, inline_prefixes: b
 def _records(path: Path) -> list[dict[str, Any]]:
     suffix = path.suffix.lower()
     if suffix == ".parquet":
-        import pyarrow.parquet as pq
+        import pyarrow.parquet as pq  # lazy: pyarrow loads on first use
 
         rows = pq.read_table(path).to_pylist()
         for r in rows:
@@ -213,7 +213,7 @@ def _records(path: Path) -> list[dict[str, Any]]:
 def parquet_info(path) -> dict[str, Any]:
     """`{"info": ..., "compactions": {(episode_id, sample_index): [...]}}` from a Parquet export's file
     metadata (empty when the writer recorded none)."""
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # lazy: pyarrow loads on first use
 
     meta = pq.read_schema(path).metadata or {}
     try:

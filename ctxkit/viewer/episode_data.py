@@ -26,6 +26,10 @@ import orjson
 from ctxkit.errors import CtxkitError
 from ctxkit.events import Compaction, EpisodeEnd, EpisodeStart, Event, event_to_dict
 from ctxkit.training.offline_steps import OFFLINE_BUDGET
+from ctxkit.context.view import build_view
+from ctxkit.edits import edit_to_dict
+from ctxkit.text.tokenizer.pieces import token_texts
+from ctxkit.training.context_replay import load_events, replay_steps, resolve_setup
 
 __all__ = ["CLASS_CODES", "Pool", "context_segments", "episode_data", "token_classes"]
 
@@ -56,8 +60,6 @@ class Pool:
         key = hashlib.sha256(orjson.dumps([list(ids), codes, loss])).digest()
         hit = self._seg_index.get(key)
         if hit is None:
-            from ctxkit.text.tokenizer.pieces import token_texts
-
             hit = len(self.segments)
             ids_key = tuple(ids)
             texts = self._texts.get(ids_key)
@@ -141,9 +143,6 @@ def _view_messages(view: Any, pool: Pool) -> list[list[Any]]:
 
 def _compaction(events: Sequence[Event], pos: int, pool: Pool) -> dict[str, Any]:
     """Before/after views of the compaction at `events[pos]`, and what its edits touched."""
-    from ctxkit.edits import edit_to_dict
-    from ctxkit.context.view import build_view
-
     comp = events[pos]
     assert isinstance(comp, Compaction)
     before = build_view(events[:pos])
@@ -165,8 +164,6 @@ def episode_data(path: str | Path, pool: Pool, *, tokenizer: Any = None, templat
                  label: str | None = None) -> dict[str, Any]:
     """The viewer data of the episode log at `path` (read and chain-verified; a corrupt log raises its
     `LogFormatError`), its contexts and segments added to `pool`."""
-    from ctxkit.training.context_replay import load_events, replay_steps, resolve_setup
-
     events, episode_id = load_events(str(path))
     start = next((e for e in events if isinstance(e, EpisodeStart)), None)
     end = next((e for e in reversed(events) if isinstance(e, EpisodeEnd)), None)
@@ -197,7 +194,6 @@ def episode_data(path: str | Path, pool: Pool, *, tokenizer: Any = None, templat
         return data
     data.update(tokenizer=tok.id, template=tpl.id, warnings=list(warnings),
                 specials=sorted(set(tok.special_tokens.values())))
-    from ctxkit.text.tokenizer.pieces import token_texts
 
     prev: dict[str, Any] | None = None
     for r in replay_steps(events, tokenizer=tok, template=tpl):

@@ -17,12 +17,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from pathlib import Path
 from typing import Any, Iterable, Sequence
+import os
+import tempfile
 
 import orjson
 
 from ctxkit.errors import ConfigError
 from ctxkit.viewer.episode_data import CLASS_CODES, Pool, episode_data
 from ctxkit.viewer.run_data import is_run_folder, run_data
+from ctxkit.training.preflight import find_logs
 
 __all__ = ["Page", "build_page", "write_page", "serve_page", "HOST"]
 
@@ -59,8 +62,6 @@ def _asset(name: str) -> str:
 
 def _collect(paths: Sequence[str | Path]) -> tuple[list[tuple[str, Path]], list[dict[str, Any]]]:
     """`(episode logs with their labels, run folder data)`."""
-    from ctxkit.training.preflight import find_logs
-
     logs: list[tuple[str, Path]] = []
     runs: list[dict[str, Any]] = []
     for p in paths:
@@ -103,9 +104,6 @@ def build_page(paths: Iterable[str | Path], *, tokenizer: Any = None, template: 
 
 def write_page(page: Page, output: str | Path) -> Path:
     """Write `page` to `output` (through a temporary file in the same folder, then renamed)."""
-    import os
-    import tempfile
-
     out = Path(output)
     if out.is_dir():
         raise ConfigError(f"-o {out}: is a folder; expected an .html file path")

@@ -17,20 +17,19 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ctxkit.errors import ConfigError
+from ctxkit.experiment.config import EpisodeSpec
+from ctxkit.experiment.run_folder import RESULTS, read_rows, read_run_info
 
 __all__ = ["is_run_folder", "run_data", "episode_logs"]
 
 
 def is_run_folder(path: str | Path) -> bool:
     """True for a folder holding a `results.jsonl` (a run folder written by `ctxkit ablate`)."""
-    from ctxkit.experiment.run_folder import RESULTS
-
     return Path(path).is_dir() and (Path(path) / RESULTS).is_file()
 
 
 def _summary(run: Path, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    from ctxkit.experiment.report import summarize
-    from ctxkit.experiment.run_folder import read_run_info
+    from ctxkit.experiment.report import summarize  # lazy: pulls numpy
 
     info: Any = (read_run_info(run) or {}).get("experiment", {})
     if not isinstance(info, dict):
@@ -45,8 +44,7 @@ def _summary(run: Path, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 def episode_logs(run: str | Path, rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, Path]]:
     """`(episode key, log path)` of every row whose log exists, in row order sorted by key."""
-    from ctxkit.experiment.config import EpisodeSpec
-    from ctxkit.experiment.episode import log_path
+    from ctxkit.experiment.episode import log_path  # lazy: pulls numpy
 
     out = []
     for r in sorted(rows, key=lambda r: (r["arm"], r["task"], r["seed"])):
@@ -58,7 +56,7 @@ def episode_logs(run: str | Path, rows: Sequence[Mapping[str, Any]]) -> list[tup
 
 
 def _plots(run: Path, summary: Mapping[str, Any]) -> list[dict[str, str]]:
-    from ctxkit.experiment.report import PLOTS, latency_figure, quality_figure
+    from ctxkit.experiment.report import PLOTS, latency_figure, quality_figure  # lazy: pulls numpy
 
     out = []
     for name, make in zip(PLOTS, (quality_figure, latency_figure)):
@@ -69,7 +67,7 @@ def _plots(run: Path, summary: Mapping[str, Any]) -> list[dict[str, str]]:
             fig = make(summary)
             buf = io.BytesIO()
             fig.savefig(buf, dpi=110, format="png")
-            import matplotlib.pyplot as plt
+            import matplotlib.pyplot as plt  # lazy: matplotlib loads on first use
 
             plt.close(fig)
             png = buf.getvalue()
@@ -83,8 +81,6 @@ def _ci(ci: Any) -> dict[str, Any]:
 
 def run_data(run: str | Path) -> tuple[dict[str, Any], list[tuple[str, Path]]]:
     """`(grid data, episode logs)` of a run folder (see the module docstring)."""
-    from ctxkit.experiment.run_folder import read_rows
-
     run = Path(run)
     rows = read_rows(run)
     if not rows:

@@ -27,7 +27,8 @@ def register_ablate(subparsers) -> None:
 
 
 def _ablate(args: argparse.Namespace) -> int:
-    from ctxkit.experiment.config import load_config
+    from ctxkit.experiment.config import load_config  # lazy: per command: keeps `ctxkit --help` fast
+    # lazy: per command: keeps `ctxkit --help` fast
     from ctxkit.experiment.runner import RunInterrupted, run_experiment, validate
 
     config = load_config(args.config)
@@ -61,7 +62,7 @@ def register_report(subparsers) -> None:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from ctxkit.experiment.report import write_report
+    from ctxkit.experiment.report import write_report  # lazy: per command: keeps `ctxkit --help` fast
 
     path = write_report(args.run_dir)
     if args.print:

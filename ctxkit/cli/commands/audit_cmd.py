@@ -26,8 +26,8 @@ def register_audit(subparsers: Any) -> None:
 
 
 def _audit(args: argparse.Namespace) -> int:
-    from ctxkit.training.preflight import audit
-    from ctxkit.errors import ConfigError
+    from ctxkit.training.preflight import audit  # lazy: per command: keeps `ctxkit --help` fast
+    from ctxkit.errors import ConfigError  # lazy: per command: keeps `ctxkit --help` fast
 
     report = audit(args.paths, trained_at=args.trained_at, rebuild=not args.no_rebuild, max_examples=args.examples)
     if not report.paths:

@@ -68,7 +68,7 @@ def register_bench(subparsers) -> None:
 
 
 def _bench_log(args: argparse.Namespace) -> int:
-    from ctxkit.benchmarks.log_bench import main
+    from ctxkit.benchmarks.log_bench import main  # lazy: per command: keeps `ctxkit --help` fast
 
     return main(args)
 
@@ -83,9 +83,9 @@ def _episode_args(parser) -> None:
 
 
 def _setup(args: argparse.Namespace):
-    from ctxkit.errors import ConfigError
-    from ctxkit.text.template.chat_template import load_template
-    from ctxkit.text.tokenizer.loader import load_tokenizer, shared_dir
+    from ctxkit.errors import ConfigError  # lazy: per command: keeps `ctxkit --help` fast
+    from ctxkit.text.template.chat_template import load_template  # lazy: per command: keeps `ctxkit --help` fast
+    from ctxkit.text.tokenizer.loader import load_tokenizer, shared_dir  # lazy: per command: keeps `ctxkit --help` fast
 
     if args.episode is None and (args.select is not None or args.tools is not None):
         raise ConfigError("--select and --tools apply to --episode FILE; give the file")
@@ -95,6 +95,7 @@ def _setup(args: argparse.Namespace):
 
 
 def _workloads(args: argparse.Namespace, tok, tpl) -> list:
+    # lazy: per command: keeps `ctxkit --help` fast
     from ctxkit.benchmarks.workload import episode_workloads, synthetic_workload
 
     if args.episode is None:
@@ -105,21 +106,21 @@ def _workloads(args: argparse.Namespace, tok, tpl) -> list:
 def _progress(args: argparse.Namespace):
     if args.json:
         return None
-    from rich.console import Console
+    from rich.console import Console  # lazy: per command: keeps `ctxkit --help` fast
 
     console = Console(stderr=True, highlight=False)
     return lambda msg: console.print(f"[grey50]{msg}[/]", markup=True, soft_wrap=True)  # noqa: E731
 
 
 def _dump(obj) -> None:
-    import orjson
+    import orjson  # lazy: per command: keeps `ctxkit --help` fast
 
     sys.stdout.write(orjson.dumps(obj, option=orjson.OPT_INDENT_2).decode() + "\n")
 
 
 def _render(args: argparse.Namespace) -> int:
-    from ctxkit.benchmarks.bench_tables import render_table
-    from ctxkit.benchmarks.render_bench import run_workload
+    from ctxkit.benchmarks.bench_tables import render_table  # lazy: per command: keeps `ctxkit --help` fast
+    from ctxkit.benchmarks.render_bench import run_workload  # lazy: per command: keeps `ctxkit --help` fast
 
     tok, tpl = _setup(args)
     results = [run_workload(tok, tpl, wl, repeats=args.repeats, progress=_progress(args))
@@ -132,9 +133,9 @@ def _render(args: argparse.Namespace) -> int:
 
 
 def _compressor_names(args: argparse.Namespace) -> tuple[str, ...]:
-    from ctxkit.benchmarks.build_bench import DEFAULT_COMPRESSORS
-    from ctxkit.context.compress import COMPRESSORS, compressor_class
-    from ctxkit.errors import ConfigError
+    from ctxkit.benchmarks.build_bench import DEFAULT_COMPRESSORS  # lazy: per command: keeps `ctxkit --help` fast
+    from ctxkit.context.compress import COMPRESSORS, compressor_class  # lazy: per command: keeps `ctxkit --help` fast
+    from ctxkit.errors import ConfigError  # lazy: per command: keeps `ctxkit --help` fast
 
     if args.all:
         return tuple(COMPRESSORS)
@@ -150,10 +151,11 @@ def _compressor_names(args: argparse.Namespace) -> tuple[str, ...]:
 
 
 def _build(args: argparse.Namespace) -> int:
-    from ctxkit.benchmarks import build_bench
+    from ctxkit.benchmarks import build_bench  # lazy: per command: keeps `ctxkit --help` fast
+    # lazy: per command: keeps `ctxkit --help` fast
     from ctxkit.benchmarks.bench_tables import build_table, trajectories_table
-    from ctxkit.benchmarks.workload import budget_from_fraction
-    from ctxkit.errors import ConfigError
+    from ctxkit.benchmarks.workload import budget_from_fraction  # lazy: per command: keeps `ctxkit --help` fast
+    from ctxkit.errors import ConfigError  # lazy: per command: keeps `ctxkit --help` fast
 
     names = _compressor_names(args)
     build_bench.require_langchain()
@@ -163,8 +165,8 @@ def _build(args: argparse.Namespace) -> int:
     if args.trajectories is not None:
         if args.episode is not None or args.budget is not None:
             raise ConfigError("--trajectories runs every file at --budget-fraction; drop --episode and --budget")
-        from ctxkit.benchmarks import trajectories_bench
-        from ctxkit.text.tokenizer.loader import shared_dir
+        from ctxkit.benchmarks import trajectories_bench  # lazy: per command: keeps `ctxkit --help` fast
+        from ctxkit.text.tokenizer.loader import shared_dir  # lazy: per command: keeps `ctxkit --help` fast
 
         folder = args.trajectories or str(shared_dir() / "trajectories")
         rows = trajectories_bench.run(args.tokenizer or str(shared_dir() / "tokenizers" / "qwen2.5-instruct"), folder,

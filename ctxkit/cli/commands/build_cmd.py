@@ -23,6 +23,7 @@ def register_compressors(subparsers) -> None:
 
 
 def _compressors(args: argparse.Namespace) -> int:
+    # lazy: per command: keeps `ctxkit --help` fast
     from ctxkit.context.compress import COMPRESSORS, compressor_defaults, versioned_name
 
     defaults = compressor_defaults()
@@ -82,17 +83,17 @@ def parse_params(items: list[str]) -> dict[str, Any]:
 
 def decision_points(events) -> list[int]:
     """Indices (into `events`) of every assistant turn: the events before each are one decision point."""
-    from ctxkit.events import Message, Step
+    from ctxkit.events import Message, Step  # lazy: per command: keeps `ctxkit --help` fast
 
     return [i for i, e in enumerate(events)
             if isinstance(e, Step) or (isinstance(e, Message) and e.role == "assistant")]
 
 
 def _build(args: argparse.Namespace) -> int:
-    from ctxkit.context.builder import ContextBuilder
-    from ctxkit.context.embedding_cache import set_cache_dir
-    from ctxkit.events import Compaction, EpisodeEnd
-    from ctxkit.log.event_log import EventLog, MemoryLog, read_events
+    from ctxkit.context.builder import ContextBuilder  # lazy: per command: keeps `ctxkit --help` fast
+    from ctxkit.context.embedding_cache import set_cache_dir  # lazy: per command: keeps `ctxkit --help` fast
+    from ctxkit.events import Compaction, EpisodeEnd  # lazy: per command: keeps `ctxkit --help` fast
+    from ctxkit.log.event_log import EventLog, MemoryLog, read_events  # lazy: per command: keeps `ctxkit --help` fast
 
     if args.embedding_cache is not None:
         set_cache_dir(args.embedding_cache)

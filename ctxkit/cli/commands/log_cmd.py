@@ -29,7 +29,7 @@ def register_log(subparsers) -> None:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from ctxkit.log.event_log import repair, verify
+    from ctxkit.log.event_log import repair, verify  # lazy: per command: keeps `ctxkit --help` fast
 
     report = verify(args.path)
     repaired = None
@@ -84,9 +84,9 @@ def register_import(subparsers) -> None:
 
 
 def _import(args: argparse.Namespace) -> int:
-    from ctxkit.cli.commands.outputs import check_output
-    from ctxkit.errors import ConfigError
-    from ctxkit.log.importers import read_episodes, read_tools
+    from ctxkit.cli.commands.outputs import check_output  # lazy: per command: keeps `ctxkit --help` fast
+    from ctxkit.errors import ConfigError  # lazy: per command: keeps `ctxkit --help` fast
+    from ctxkit.log.importers import read_episodes, read_tools  # lazy: per command: keeps `ctxkit --help` fast
 
     if args.episode_id is not None and (not args.episode_id.strip() or not args.episode_id.isprintable()):
         raise ConfigError(f"--episode-id {args.episode_id!r}: expected a non-empty, printable id")
@@ -128,9 +128,9 @@ def _offline_steps(tokenizer_spec, template_spec):
     """A function events -> events adding offline steps under the tokenizer/template, or None."""
     if tokenizer_spec is None:
         return None
-    from ctxkit.training.offline_steps import add_offline_steps
-    from ctxkit.text.template.chat_template import load_template
-    from ctxkit.text.tokenizer.loader import load_tokenizer
+    from ctxkit.training.offline_steps import add_offline_steps  # lazy: per command: keeps `ctxkit --help` fast
+    from ctxkit.text.template.chat_template import load_template  # lazy: per command: keeps `ctxkit --help` fast
+    from ctxkit.text.tokenizer.loader import load_tokenizer  # lazy: per command: keeps `ctxkit --help` fast
 
     tokenizer = load_tokenizer(tokenizer_spec)
     template = load_template(template_spec, tokenizer) if template_spec is not None else None
@@ -139,8 +139,8 @@ def _offline_steps(tokenizer_spec, template_spec):
 
 def _write_log(path: Path, option: str, episode, episode_id, offline) -> tuple[int, str]:
     """Write one imported episode as a new log (whole or not at all); (events written, episode id)."""
-    from ctxkit.cli.commands.outputs import atomic_output
-    from ctxkit.log.event_log import EventLog
+    from ctxkit.cli.commands.outputs import atomic_output  # lazy: per command: keeps `ctxkit --help` fast
+    from ctxkit.log.event_log import EventLog  # lazy: per command: keeps `ctxkit --help` fast
 
     events = list(episode.events)
     with atomic_output(path, option, replace=False) as tmp:
@@ -182,6 +182,7 @@ def register_export(subparsers) -> None:
 
 
 def _export(args: argparse.Namespace) -> int:
+    # lazy: per command: keeps `ctxkit --help` fast
     from ctxkit.log.event_log import export_conversation, export_messages, read_events
 
     events = read_events(args.log)

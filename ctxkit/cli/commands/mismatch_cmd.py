@@ -51,21 +51,21 @@ def register_mismatch(subparsers: Any) -> None:
 
 
 def _mismatch(args: argparse.Namespace) -> int:
-    from ctxkit.errors import ConfigError
-    from ctxkit.training.mismatch import measure, render_text, write_plot
+    from ctxkit.errors import ConfigError  # lazy: per command: keeps `ctxkit --help` fast
+    from ctxkit.training.mismatch import measure, render_text, write_plot  # lazy: per command: keeps `ctxkit --help` fast
 
     if args.mask_low > args.mask_high:
         raise ConfigError(f"mismatch: --mask-low {args.mask_low:g} > --mask-high {args.mask_high:g}")
     if args.plot and not args.plot.lower().endswith(".png"):
         raise ConfigError(f"mismatch: --plot {args.plot}: expected a .png path")
-    from ctxkit.training.preflight import find_logs
+    from ctxkit.training.preflight import find_logs  # lazy: per command: keeps `ctxkit --help` fast
 
     logs, _ = find_logs(args.logs)
     if not logs:
         raise ConfigError(f"mismatch: no ctxkit episode log under {' '.join(args.logs)}")
     model = None if args.model == "default" else args.model
     if args.threads is not None:
-        import torch
+        import torch  # lazy: per command: keeps `ctxkit --help` fast
 
         torch.set_num_threads(args.threads)
     result = measure(logs, model=model, device=args.device, dtype=args.dtype, clip=args.clip,

@@ -14,7 +14,7 @@ from ctxkit.cli.commands.token_view import LEGEND, ROLE_STYLES, print_tokens
 def default_tokenizer() -> tuple[str, str | None]:
     """`(tokenizer spec, template spec)` used when none is given: the shared Qwen2.5 tokenizer with its own
     template, else `tiktoken:o200k_base` with `chatml-tools-v1`."""
-    from ctxkit.text.tokenizer.loader import shared_dir
+    from ctxkit.text.tokenizer.loader import shared_dir  # lazy: per command: keeps `ctxkit --help` fast
 
     qwen = shared_dir() / "tokenizers" / "qwen2.5-instruct"
     if qwen.is_dir():
@@ -24,7 +24,7 @@ def default_tokenizer() -> tuple[str, str | None]:
 
 def bundled_example() -> Path:
     """Path of the bundled example conversation."""
-    from importlib.resources import files
+    from importlib.resources import files  # lazy: per command: keeps `ctxkit --help` fast
 
     return Path(str(files("ctxkit_examples").joinpath("agent_episode.json")))
 
@@ -34,11 +34,12 @@ def load_messages(path: str | Path) -> tuple[list[dict], list[dict] | None]:
 
     A conversation JSON is validated exactly as `ctxkit import` validates it (`import_conversation`), and
     must hold at least one message; errors are `MessageFormatError`s naming the file and the message."""
-    from ctxkit.errors import MessageFormatError
+    from ctxkit.errors import MessageFormatError  # lazy: per command: keeps `ctxkit --help` fast
 
     path = Path(path)
     if path.suffix == ".jsonl":
-        from ctxkit.events import Message, Step, ToolResult
+        from ctxkit.events import Message, Step, ToolResult  # lazy: per command: keeps `ctxkit --help` fast
+        # lazy: per command: keeps `ctxkit --help` fast
         from ctxkit.log.event_log import export_conversation, export_messages, read_events
 
         events = read_events(path)  # read only: no lock file, no write handle on an input
@@ -52,6 +53,7 @@ def load_messages(path: str | Path) -> tuple[list[dict], list[dict] | None]:
         if not messages:
             raise MessageFormatError(f"{path}: the log holds no messages to render")
         return messages, export_conversation(events).get("tools") or None
+    # lazy: per command: keeps `ctxkit --help` fast
     from ctxkit.log.event_log import import_conversation, load_conversation
 
     obj = load_conversation(path)
@@ -66,8 +68,8 @@ def load_messages(path: str | Path) -> tuple[list[dict], list[dict] | None]:
 
 
 def _resolve(args: argparse.Namespace):
-    from ctxkit.text.template.chat_template import load_template
-    from ctxkit.text.tokenizer.loader import load_tokenizer
+    from ctxkit.text.template.chat_template import load_template  # lazy: per command: keeps `ctxkit --help` fast
+    from ctxkit.text.tokenizer.loader import load_tokenizer  # lazy: per command: keeps `ctxkit --help` fast
 
     spec, template = args.tokenizer, args.template
     if spec is None:
@@ -78,8 +80,8 @@ def _resolve(args: argparse.Namespace):
 
 
 def _render(args: argparse.Namespace):
-    from ctxkit.errors import MessageFormatError, RenderError
-    from ctxkit.text.rendering.renderer import render
+    from ctxkit.errors import MessageFormatError, RenderError  # lazy: per command: keeps `ctxkit --help` fast
+    from ctxkit.text.rendering.renderer import render  # lazy: per command: keeps `ctxkit --help` fast
 
     messages, tools = load_messages(args.file)
     tok, tpl = _resolve(args)
@@ -115,7 +117,7 @@ def register_render(subparsers) -> None:
 
 
 def _render_main(args: argparse.Namespace) -> int:
-    import orjson
+    import orjson  # lazy: per command: keeps `ctxkit --help` fast
 
     ctx, _ = _render(args)
     out: dict[str, Any] = {
@@ -146,11 +148,11 @@ def register_inspect(subparsers) -> None:
 
 
 def _inspect_main(args: argparse.Namespace) -> int:
-    from collections import Counter
+    from collections import Counter  # lazy: per command: keeps `ctxkit --help` fast
 
-    from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
+    from rich.console import Console  # lazy: per command: keeps `ctxkit --help` fast
+    from rich.table import Table  # lazy: per command: keeps `ctxkit --help` fast
+    from rich.text import Text  # lazy: per command: keeps `ctxkit --help` fast
 
     if args.file is None:
         args.file = str(bundled_example())

@@ -34,8 +34,8 @@ def register_replay(subparsers: Any) -> None:
 
 
 def _recorded_tokenizer(log: str) -> str:
-    from ctxkit.events import EpisodeStart
-    from ctxkit.log.event_log import read_events
+    from ctxkit.events import EpisodeStart  # lazy: per command: keeps `ctxkit --help` fast
+    from ctxkit.log.event_log import read_events  # lazy: per command: keeps `ctxkit --help` fast
 
     start = next(e for e in read_events(log) if isinstance(e, EpisodeStart))
     return start.context["tokenizer"]["spec"]
@@ -50,7 +50,7 @@ def _result_dict(r: Any) -> dict[str, Any]:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from ctxkit.training.context_replay import replay, verify_log
+    from ctxkit.training.context_replay import replay, verify_log  # lazy: per command: keeps `ctxkit --help` fast
 
     kw = dict(tokenizer=args.tokenizer, template=args.template, allow_hash_mismatch=args.allow_hash_mismatch)
     if args.verify:
@@ -75,7 +75,7 @@ def _replay(args: argparse.Namespace) -> int:
     else:
         print(r.describe())
         if r.context is not None:
-            from ctxkit.text.tokenizer.loader import load_tokenizer
+            from ctxkit.text.tokenizer.loader import load_tokenizer  # lazy: per command: keeps `ctxkit --help` fast
 
             _show_context(r.context, load_tokenizer(args.tokenizer or _recorded_tokenizer(args.log)), args.max_tokens)
     return 0 if r.ok else 1
@@ -84,11 +84,11 @@ def _replay(args: argparse.Namespace) -> int:
 def _show_context(ctx: Any, tokenizer: Any, max_tokens: int | None) -> None:
     """Show a rebuilt context as `ctxkit inspect` shows a render (its role colors, loss-masked tokens bold
     and underlined, special tokens reversed), then each message's provenance (verbatim, masked, summary...)."""
-    from collections import Counter
+    from collections import Counter  # lazy: per command: keeps `ctxkit --help` fast
 
-    from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
+    from rich.console import Console  # lazy: per command: keeps `ctxkit --help` fast
+    from rich.table import Table  # lazy: per command: keeps `ctxkit --help` fast
+    from rich.text import Text  # lazy: per command: keeps `ctxkit --help` fast
 
     rendered = ctx.rendered
     console = Console(highlight=False)
@@ -141,10 +141,11 @@ def register_samples(subparsers: Any) -> None:
 
 
 def _samples(args: argparse.Namespace) -> int:
-    from ctxkit.training.preflight import find_logs
-    from ctxkit.cli.commands.outputs import atomic_output, check_output
-    from ctxkit.errors import ConfigError, ReplayError
-    from ctxkit.training.sample_files import write_samples
+    from ctxkit.training.preflight import find_logs  # lazy: per command: keeps `ctxkit --help` fast
+    from ctxkit.cli.commands.outputs import atomic_output, check_output  # lazy: per command: keeps `ctxkit --help` fast
+    from ctxkit.errors import ConfigError, ReplayError  # lazy: per command: keeps `ctxkit --help` fast
+    from ctxkit.training.sample_files import write_samples  # lazy: per command: keeps `ctxkit --help` fast
+    # lazy: per command: keeps `ctxkit --help` fast
     from ctxkit.training.episode_samples import compressed_samples, samples
 
     rebuild = _rebuild_options(args)
@@ -153,9 +154,9 @@ def _samples(args: argparse.Namespace) -> int:
         raise ConfigError(f"-o {args.output}: unknown format {out.suffix or '(no suffix)'}; use .parquet or .jsonl")
     if out.suffix.lower() == ".parquet":
         try:
-            import pyarrow.parquet  # noqa: F401
+            import pyarrow.parquet  # noqa: F401  # lazy: per command: keeps `ctxkit --help` fast
         except ImportError as exc:
-            from ctxkit.context.models import MissingExtraError
+            from ctxkit.context.models import MissingExtraError  # lazy: per command: keeps `ctxkit --help` fast
 
             raise MissingExtraError("pyarrow", "export", f"ctxkit samples -o {args.output} (Parquet)") from exc
     logs, skipped = find_logs(args.logs)
@@ -197,7 +198,7 @@ def _samples(args: argparse.Namespace) -> int:
 
 def _rebuild_options(args: argparse.Namespace) -> dict[str, Any] | None:
     """The `compressed_samples` keywords of `--compressor/--budget/...`, or None without `--compressor`."""
-    from ctxkit.errors import ConfigError
+    from ctxkit.errors import ConfigError  # lazy: per command: keeps `ctxkit --help` fast
 
     if args.compressor is None:
         used = [flag for flag, value in (("--budget", args.budget), ("--params", args.params),

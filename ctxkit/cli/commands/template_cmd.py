@@ -28,11 +28,11 @@ def register_template(subparsers) -> None:
 
 
 def _check(args: argparse.Namespace) -> int:
-    import orjson
+    import orjson  # lazy: per command: keeps `ctxkit --help` fast
 
-    from ctxkit.cli.commands.render_cmd import default_tokenizer
-    from ctxkit.text.template.check import check_template
-    from ctxkit.text.tokenizer.loader import load_tokenizer
+    from ctxkit.cli.commands.render_cmd import default_tokenizer  # lazy: per command: keeps `ctxkit --help` fast
+    from ctxkit.text.template.check import check_template  # lazy: per command: keeps `ctxkit --help` fast
+    from ctxkit.text.tokenizer.loader import load_tokenizer  # lazy: per command: keeps `ctxkit --help` fast
 
     spec, template = args.tokenizer, args.template
     if spec is None:
@@ -42,8 +42,8 @@ def _check(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(orjson.dumps(report.to_dict(), option=orjson.OPT_INDENT_2).decode() + "\n")
         return 0
-    from rich.console import Console
-    from rich.table import Table
+    from rich.console import Console  # lazy: per command: keeps `ctxkit --help` fast
+    from rich.table import Table  # lazy: per command: keeps `ctxkit --help` fast
 
     table = Table(title=f"template {report.template_id} with tokenizer {report.tokenizer_id}", title_justify="left")
     table.add_column("property")
@@ -63,7 +63,7 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from ctxkit.text.template.chat_template import template_manifest
+    from ctxkit.text.template.chat_template import template_manifest  # lazy: per command: keeps `ctxkit --help` fast
 
     _, manifest = template_manifest()
     for name in sorted(manifest):

@@ -28,7 +28,7 @@ def print_tokens(console: Any, tok: Any, token_ids: Sequence[int], roles: Sequen
                  loss_mask: Sequence[int], max_tokens: int | None = None) -> None:
     """Print `token_ids` (the first `max_tokens` when given) colored by role on a rich `console`, then
     how many tokens were left out."""
-    from rich.text import Text
+    from rich.text import Text  # lazy: per command: keeps `ctxkit --help` fast
 
     ids = list(token_ids if max_tokens is None else token_ids[:max_tokens])
     specials = set(tok.special_tokens.values())

@@ -34,8 +34,8 @@ def register_view(subparsers: Any) -> None:
 
 
 def _view(args: argparse.Namespace) -> int:
-    from ctxkit.errors import ConfigError
-    from ctxkit.viewer import HOST, build_page, serve_page, write_page
+    from ctxkit.errors import ConfigError  # lazy: per command: keeps `ctxkit --help` fast
+    from ctxkit.viewer import HOST, build_page, serve_page, write_page  # lazy: per command: keeps `ctxkit --help` fast
 
     if args.output is not None and not args.output.lower().endswith((".html", ".htm")):
         raise ConfigError(f"-o {args.output}: expected an .html file name")

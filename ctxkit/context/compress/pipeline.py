@@ -20,6 +20,7 @@ from ctxkit.edits import Edit
 from ctxkit.errors import ConfigError
 from ctxkit.events import Compaction
 from ctxkit.context.view import apply_edits
+from ctxkit.context.compress import compressor_class, make_compressor
 
 DEFAULT_STAGES: tuple[Mapping[str, Any], ...] = (
     {"name": "truncate-tool-output", "params": {}},
@@ -37,12 +38,9 @@ class Pipeline(BaseCompressor):
     """`stages`: the compressors to run, each `{"name": registry name, "params": {...}}`."""
 
     def check_params(self, p: Mapping[str, Any]) -> None:
-        from ctxkit.context.compress import make_compressor
-
         stages = p["stages"]
         if not isinstance(stages, (list, tuple)) or not stages:
             raise ConfigError(f"{self.NAME}: parameter 'stages' must be a non-empty list of {{'name', 'params'}}")
-        from ctxkit.context.compress import compressor_class
 
         self.stages = []
         for i, st in enumerate(stages):

@@ -26,6 +26,7 @@ from ctxkit.context.compress.mask_observations import DEFAULT_PLACEHOLDER
 from ctxkit.context.compress.pipeline import Pipeline
 from ctxkit.context.compress.summarize import Summarize
 from ctxkit.errors import ConfigError
+from ctxkit.context.compress import make_compressor
 
 
 class Preset(Pipeline):
@@ -40,8 +41,6 @@ class Preset(Pipeline):
         raise NotImplementedError
 
     def check_params(self, p: Mapping[str, Any]) -> None:
-        from ctxkit.context.compress import make_compressor
-
         self.stages = []
         for name, params in self.stage_specs(p):
             try:

@@ -20,11 +20,14 @@ import hashlib
 import time
 from array import array
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
+import inspect
 
 from ctxkit.errors import BudgetError, ConfigError
 from ctxkit.experiment.agents.base import AgentTurn
 from ctxkit.experiment.agents.parsing import END_OF_TURN_TOKENS, parse_ids
 from ctxkit.experiment.agents.sampling import SamplingConfig, make_generator, sample, token_distributions
+from ctxkit.context.models import load_causal_lm
+from ctxkit.text.tokenizer.loader import Tokenizer, load_tokenizer
 
 if TYPE_CHECKING:  # pragma: no cover
     from ctxkit.context.builder import BuiltContext
@@ -84,10 +87,9 @@ class TransformersAgent:
         )
         """Default sampling config of every call."""
         if num_threads is not None:
-            import torch
+            import torch  # lazy: torch loads on first use
 
             torch.set_num_threads(num_threads)
-        from ctxkit.context.models import load_causal_lm
 
         t0 = time.perf_counter()
         self.lm = load_causal_lm(model_path if model_path is not None else model, device=device, dtype=dtype)
@@ -170,7 +172,7 @@ class TransformersAgent:
         call_id_seed: str | None = None,
     ) -> AgentTurn:
         """Sample one turn after the prompt `token_ids` with `config` (default: the agent's) and `seed`."""
-        import torch
+        import torch  # lazy: torch loads on first use
 
         cfg = self.config if config is None else config
         ids = [int(t) for t in token_ids]
@@ -270,8 +272,6 @@ class TransformersAgent:
 
 def _check_tokenizer(tokenizer: Any, lm: Any) -> Any:
     """Load `tokenizer` if it is a spec and check its id space equals the model tokenizer's."""
-    from ctxkit.text.tokenizer.loader import Tokenizer, load_tokenizer
-
     tok = tokenizer if isinstance(tokenizer, Tokenizer) else load_tokenizer(tokenizer)
     if tok.kind != "hf" or tok.hf is None:
         raise ConfigError(
@@ -316,8 +316,6 @@ def _end_ids(lm: Any, explicit: Sequence[int] | None) -> set[int]:
 
 def _accepts(model: Any, keyword: str) -> bool:
     """Whether the model's forward() names `keyword` (keywords moved between transformers versions)."""
-    import inspect
-
     return keyword in inspect.signature(model.forward).parameters
 
 

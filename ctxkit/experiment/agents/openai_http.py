@@ -48,6 +48,8 @@ from ctxkit.experiment.agents.openai_wire import (
     wire_message,
 )
 from ctxkit.experiment.agents.parsing import END_OF_TURN_TOKENS, end_of_turn_ids, parse_text
+from ctxkit.experiment.engine_server import server_spec
+from ctxkit.text.tokenizer.loader import Tokenizer, load_tokenizer
 
 if TYPE_CHECKING:  # pragma: no cover
     from ctxkit.context.builder import BuiltContext
@@ -172,8 +174,6 @@ class OpenAIAgent:
         self.tokenizer = None
         """The context tokenizer, when given."""
         if tokenizer is not None:
-            from ctxkit.text.tokenizer.loader import Tokenizer, load_tokenizer
-
             self.tokenizer = tokenizer if isinstance(tokenizer, Tokenizer) else load_tokenizer(tokenizer)
         if stop_token_ids is not None:
             self.stop_token_ids = tuple(int(t) for t in stop_token_ids)
@@ -190,8 +190,6 @@ class OpenAIAgent:
         """Validate an agent table without contacting the server (the runner calls this before any episode).
 
         A table with `server = "llama-cpp"` is checked with a placeholder URL: the runner starts the server."""
-        from ctxkit.experiment.engine_server import server_spec
-
         spec, rest = server_spec(params, where="openai agent")
         if spec is not None:
             if rest.pop("dialect", "llama-cpp") != "llama-cpp":

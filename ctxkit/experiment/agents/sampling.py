@@ -72,14 +72,14 @@ def processed_logprobs(logits, config: SamplingConfig, *, order: str = "hf"):
     the transforms), so what an agent records is what a trainer recomputes from the same logits and
     `Step.sampling`.
     """
-    from ctxkit.training.rl_math import behaviour_logprobs
+    from ctxkit.training.rl_math import behaviour_logprobs  # lazy: pulls numpy
 
     return behaviour_logprobs(logits, config.to_dict(), order=order)
 
 
 def raw_logprobs(logits):
     """Temperature-1 log-softmax of the raw logits (float64 numpy, vocabulary last)."""
-    import numpy as np
+    import numpy as np  # lazy: numpy loads on first use
 
     x = np.asarray(logits, dtype=np.float64)
     m = x.max(axis=-1, keepdims=True)
@@ -103,8 +103,8 @@ def token_distributions(logits, config: SamplingConfig):
 
 def sample(logprobs, generator) -> int:
     """Draw one token id from a 1-D processed log-prob vector with a seeded CPU `torch.Generator`."""
-    import numpy as np
-    import torch
+    import numpy as np  # lazy: numpy loads on first use
+    import torch  # lazy: torch loads on first use
 
     probs = torch.from_numpy(np.exp(np.asarray(logprobs, dtype=np.float64)))
     return int(torch.multinomial(probs, 1, generator=generator).item())
@@ -116,7 +116,7 @@ def make_generator(seed: int):
     Draws happen on the CPU from float64 probabilities, so the same seed and logits give the same tokens
     whatever device ran the model.
     """
-    import torch
+    import torch  # lazy: torch loads on first use
 
     gen = torch.Generator(device="cpu")
     gen.manual_seed(int(seed))

@@ -22,6 +22,7 @@ from ctxkit.errors import ConfigError
 from ctxkit.events import ToolCall
 from ctxkit.experiment.agents.base import AgentTurn
 from ctxkit.experiment.agents.scripts import POLICIES, Decision
+from ctxkit.text.rendering.renderer import encode_assistant_turn
 
 __all__ = ["ScriptedAgent"]
 
@@ -58,8 +59,6 @@ class ScriptedAgent:
 
     def act(self, context: Any, *, tools: Sequence[Mapping[str, Any]], seed: int) -> AgentTurn:
         """The next assistant turn for `context` (deterministic: `seed` is only recorded)."""
-        from ctxkit.text.rendering.renderer import encode_assistant_turn
-
         start = time.perf_counter()
         decision = self.decide(context)
         decided = time.perf_counter()

@@ -15,6 +15,7 @@ told apart per episode.
 from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
+import json
 
 from ctxkit.errors import ImportFormatError
 from ctxkit.log.importers.common import (ImportedEpisode, Importer, SourceInfo, drop_nulls, ending, episode_events,
@@ -77,8 +78,6 @@ def to_source_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, 
             out.append({"role": "assistant", "content": msg.pop("source_text"),
                         **{k: v for k, v in msg.items() if k not in ("role", "content", "tool_calls")}})
         elif msg.get("role") == "assistant" and msg.get("tool_calls"):
-            import json
-
             call = msg["tool_calls"][0]["function"]
             args = call["arguments"] if isinstance(call["arguments"], Mapping) else json.loads(call["arguments"])
             text = format_text_call(msg.get("content") or "", call["name"], args)

@@ -13,6 +13,7 @@ from typing import Any
 
 from ctxkit.text.chat_messages import message_text
 from ctxkit.errors import RenderError, TemplateError
+from ctxkit.text.special_tokens import SpecialTokenInContent
 
 
 @dataclass
@@ -230,8 +231,6 @@ class TurnLabeller:
 
     def _special_report(self, text: str) -> tuple:
         """The `SpecialTokenInContent` records of the last render (positions in output ids)."""
-        from ctxkit.text.special_tokens import SpecialTokenInContent
-
         out = []
         for i, c, tok, at in self._occurrences(text):
             position = None

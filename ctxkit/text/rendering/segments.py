@@ -26,6 +26,8 @@ from collections import OrderedDict
 from collections.abc import Mapping  # not typing.Mapping: isinstance against it is several times slower
 from typing import Any, Iterable
 
+from ctxkit.text.template.chat_template import plain_value
+
 
 
 class SegmentCache:
@@ -47,8 +49,6 @@ class SegmentCache:
     def plain_tools(self, tools: Any) -> Any:
         """`templates.plain_value(list(tools), "tools")`, made once per tools object (renderers of one
         builder are given the same, immutable, `View.tools` tuple again and again)."""
-        from ctxkit.text.template.chat_template import plain_value
-
         if self._tools is not None and self._tools[0] is tools:
             return self._tools[1]
         plain = plain_value(list(tools), "tools")

@@ -28,8 +28,8 @@ import bisect
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from ctxkit.errors import ConfigError
-from ctxkit.text.rendering.segments import made_calls
+from ctxkit.errors import ConfigError, TemplateError
+from ctxkit.text.rendering.segments import encode_segments, made_calls
 
 Render = Callable[[list, bool], str]
 _MAX_BACK = 64  # messages a window start may move back over (a run of tool results)
@@ -253,8 +253,6 @@ class SuffixSplice:
 
     def _spliced_text(self, agp: bool) -> str | None:
         """The text of the render with `agp` by `splice_text`, or None (the hint is used up either way)."""
-        from ctxkit.errors import TemplateError
-
         got, self._splice = self._splice, None
         if got is None:
             return None
@@ -354,8 +352,6 @@ class SuffixSplice:
         """`_retokenize` with a turn-opener cut (`render_segments.encode_segments`): drop the tokens from token
         `k` (special token `j`) on and encode `text` from char `b`, shifting the ids of a kept tail when a
         splice left one."""
-        from ctxkit.text.rendering.segments import encode_segments
-
         tail = self._tail_tokens(b, len(text)) if self._kept_tail is not None else None
         del self._ids[k:], self._starts[k:], self._sp_ends[j:], self._sp_tok[j:]
         end = len(text) if tail is None else tail[0]

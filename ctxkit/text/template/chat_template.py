@@ -24,6 +24,7 @@ import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
+from importlib.resources import files
 
 from ctxkit.errors import TemplateError
 from ctxkit.text.template.limits import DEFAULT_LIMITS, RenderLimits
@@ -139,8 +140,6 @@ class ChatTemplate:
 def template_manifest() -> tuple[Any, dict[str, Any]]:
     """`(root, manifest)`: the folder of ctxkit's versioned templates (package `ctxkit_templates`) and
     its `manifest.json` (`{"name-vN": {"file", "sha256", "description"}}`)."""
-    from importlib.resources import files
-
     root = files("ctxkit_templates")
     try:
         manifest = json.loads(root.joinpath("manifest.json").read_text(encoding="utf-8"))

@@ -8,7 +8,7 @@ where the probing lives), as a report.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from ctxkit.errors import TemplateError
@@ -53,8 +53,6 @@ class TemplateReport:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready dict."""
-        from dataclasses import asdict
-
         return asdict(self)
 
 

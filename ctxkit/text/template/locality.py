@@ -49,8 +49,8 @@ def scan_locality(source: str) -> str | None:
 def trailing_prompt(source: str) -> str | None:
     """The constant a template's final `{% if add_generation_prompt %}...{% endif %}` outputs, if that
     block is the template's last node, holds only constant output, and is the flag's only use; else None."""
-    import jinja2
-    from jinja2 import nodes
+    import jinja2  # lazy: jinja2 loads on first use
+    from jinja2 import nodes  # lazy: jinja2 loads on first use
 
     try:
         tree = sandbox_environment().parse(source)
@@ -81,8 +81,8 @@ def trailing_prompt(source: str) -> str | None:
 def locality_scan(source: str) -> tuple[str | None, int]:
     """`(scan_locality(source), reach)`: reach is the farthest neighbour offset a message's rendering
     looks at (`messages[loop.index0 - 2]` reaches 2; at least 1)."""
-    import jinja2
-    from jinja2 import nodes
+    import jinja2  # lazy: jinja2 loads on first use
+    from jinja2 import nodes  # lazy: jinja2 loads on first use
 
     try:
         tree = sandbox_environment().parse(source)

@@ -56,15 +56,16 @@ def sandbox_environment():
 
 
 def _build_environment():
-    import jinja2
-    import jinja2.ext
-    from jinja2 import nodes
-    from jinja2.compiler import CodeGenerator
-    from jinja2.ext import Extension
-    from jinja2.runtime import LoopContext
+    import jinja2  # lazy: jinja2 loads on first use
+    import jinja2.ext  # lazy: jinja2 loads on first use
+    from jinja2 import nodes  # lazy: jinja2 loads on first use
+    from jinja2.compiler import CodeGenerator  # lazy: jinja2 loads on first use
+    from jinja2.ext import Extension  # lazy: jinja2 loads on first use
+    from jinja2.runtime import LoopContext  # lazy: jinja2 loads on first use
+    # lazy: jinja2 loads on first use
     from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedEscapeFormatter, SandboxedFormatter
-    from jinja2.utils import Namespace, generate_lorem_ipsum
-    from markupsafe import Markup
+    from jinja2.utils import Namespace, generate_lorem_ipsum  # lazy: jinja2 loads on first use
+    from markupsafe import Markup  # lazy: markupsafe loads on first use
 
     class GenerationBlock(Extension):
         """Accepts `{% generation %}...{% endgeneration %}` (TRL training templates) and renders the body."""
@@ -286,7 +287,7 @@ def compile_template(source: str, key: str, name: str):
         compiled = _COMPILED.get(key)
     if compiled is not None:
         return compiled
-    import jinja2
+    import jinja2  # lazy: jinja2 loads on first use
 
     try:
         compiled = sandbox_environment().from_string(source)
@@ -305,7 +306,7 @@ def render_sandboxed(compiled, limits: RenderLimits, variables: dict[str, Any], 
 
     Any failure is a `TemplateError` starting with `where` (e.g. `template <id>`): a limit hit (naming
     the limit), a sandbox violation, `raise_exception`, or a Python error the template ran into."""
-    import jinja2
+    import jinja2  # lazy: jinja2 loads on first use
 
     try:
         with render_budget(limits):

@@ -183,9 +183,9 @@ def configured_special_tokens(config: dict, special_map: dict) -> list[str]:
 
 def _qwen2_backend(path: Path, config: dict) -> Any:
     """The byte-level BPE `transformers`' `Qwen2Tokenizer` builds from `vocab.json` + `merges.txt`."""
-    from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers
-    from tokenizers import Tokenizer as Backend
-    from tokenizers.models import BPE
+    from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers  # lazy: tokenizers loads on first use
+    from tokenizers import Tokenizer as Backend  # lazy: tokenizers loads on first use
+    from tokenizers.models import BPE  # lazy: tokenizers loads on first use
 
     try:
         model = BPE.from_file(str(path / "vocab.json"), str(path / "merges.txt"), dropout=None, unk_token=None,
@@ -229,7 +229,7 @@ def read_tokenizer_folder(path: str | Path) -> TokenizerFiles | None:
     if (path / "tokenizer.json").is_file():
         if config.get("add_prefix_space") is not None:
             return None
-        from tokenizers import Tokenizer as Backend
+        from tokenizers import Tokenizer as Backend  # lazy: tokenizers loads on first use
 
         try:
             backend = Backend.from_file(str(path / "tokenizer.json"))

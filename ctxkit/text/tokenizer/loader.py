@@ -388,7 +388,7 @@ def _load_hf(spec: str) -> Tokenizer:
 def _auto_tokenizer(spec: str, source: str) -> Any:
     """`transformers`' fast tokenizer for `source` (a folder or hub id); errors are `TokenizerError`s."""
     try:
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # lazy: transformers loads on first use
 
         hf = AutoTokenizer.from_pretrained(source)
     except Exception as exc:

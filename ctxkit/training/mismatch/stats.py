@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from typing import Any, Callable, Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -167,8 +168,6 @@ def analyze(steps: Sequence[Any], *, clip: float = 2.0, mask_low: float = 0.5, m
     # Processed-kind steps that also recorded raw log-probs give a raw-vs-raw comparison too.
     extra = [s for s in steps if s.logprob_kind == "processed" and s.behaviour_raw is not None]
     if extra:
-        from dataclasses import replace
-
         as_raw = [replace(s, logprob_kind="raw", behaviour=s.behaviour_raw) for s in extra]
         kinds["raw (recorded beside processed)"] = kind_stats(as_raw, clip=clip, mask_low=mask_low, mask_high=mask_high,
                                                               top=top, decode=decode)
