@@ -4,8 +4,8 @@
 #      (in-process, CPU; scripts/mismatch_runs.py), raw log-probs recorded;
 #   2. `ctxkit mismatch` on them with the trainer-side forward pass on CUDA in float32, then bfloat16;
 #   3. the TRL tests on CUDA: two GRPO steps through ctxkit.integrations.trl and two SFT steps on
-#      `ctxkit samples` output (tests/test_integrations_trl.py, CTXKIT_TRAIN_DEVICE=cuda), and the reference
-#      step's CPU test (tests/test_train.py) as a control.
+#      `ctxkit samples` output (tests/integrations/test_integrations_trl.py, CTXKIT_TRAIN_DEVICE=cuda), and the reference
+#      step's CPU test (tests/training/test_train.py) as a control.
 # Everything comes from the repository and installed packages (HF_HUB_OFFLINE=1). Without CUDA it stops
 # at once with exit status 3 and says why. Results land in ${OUT:-runs/device_check}: mismatch JSON and
 # text per dtype, pytest output, and summary.txt (one line per stage with its exit status and seconds).
@@ -84,8 +84,8 @@ stage mismatch-float32 "$PY" -m ctxkit.cli.parser mismatch "${LOGS[@]}" --model 
     --json "$OUT/mismatch-float32.json"
 stage mismatch-bfloat16 "$PY" -m ctxkit.cli.parser mismatch "${LOGS[@]}" --model default --device "$DEV" --dtype bfloat16 \
     --json "$OUT/mismatch-bfloat16.json"
-CTXKIT_TRAIN_DEVICE=$DEV stage "trl-$DEV" "$PY" -m pytest -q -p no:cacheprovider --durations=5 tests/test_integrations_trl.py
-stage reference-step "$PY" -m pytest -q -p no:cacheprovider --durations=5 tests/test_train.py
+CTXKIT_TRAIN_DEVICE=$DEV stage "trl-$DEV" "$PY" -m pytest -q -p no:cacheprovider --durations=5 tests/integrations/test_integrations_trl.py
+stage reference-step "$PY" -m pytest -q -p no:cacheprovider --durations=5 tests/training/test_train.py
 
 echo "== summary ($SUMMARY)"
 cat "$SUMMARY"

@@ -1,4 +1,4 @@
-"""A writer process to SIGKILL mid-append (tests/test_log_faults.py, tests/test_log_writer_mode.py).
+"""A writer process to SIGKILL mid-append (tests/log/test_log_faults.py, tests/log/test_log_writer_mode.py).
 
 `writer_script(open_args)` is the source of a `python -c` program that opens the log named by argv[1] with
 `EventLog.open(argv[1], <open_args>)`, prints `ready <n>`, then appends large `ToolResult`s forever,

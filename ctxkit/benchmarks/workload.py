@@ -9,7 +9,7 @@ render-benchmark episode (`synthetic_workload`) or from any conversation or impo
 `Timing` summarizes per-decision times honestly: the whole-episode total first, then p50/p90/p99/max.
 `fit_budget` turns a fraction of the episode's full length into a budget, raised in 256-token steps to
 the smallest one at which `window` fits every decision point when the fraction is below the fixed
-prefix (system prompt, tool schemas, pins) plus the newest turn, as tests/test_trajectories.py does.
+prefix (system prompt, tool schemas, pins) plus the newest turn, as tests/training/test_trajectories.py does.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ event (every value a str, int, bool, finite float or None, or an empty container
 values, so its copy takes them without parsing its line (fresh empty containers: nothing mutable is shared
 with the caller); any other event's copy is built from the JSON round trip of its line. Anything the plan does
 not cover (a subclass, tool calls, edits, a forced field) takes the general path. Both give the same bytes,
-ids and copies as `events.event_to_dict` / `event_id` / `event_from_dict` (tests/test_log_stamp.py).
+ids and copies as `events.event_to_dict` / `event_id` / `event_from_dict` (tests/log/test_log_stamp.py).
 """
 
 from __future__ import annotations

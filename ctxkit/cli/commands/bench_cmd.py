@@ -176,6 +176,8 @@ def _build(args: argparse.Namespace) -> int:
             _dump(rows)
         else:
             print(trajectories_table(rows))
+        for name in trajectories_bench.skipped_files(folder):
+            print(f"skipped {name}: its format has no importer yet", file=sys.stderr)
         return 0 if all(not r["over_budget"] and r["ids_identical"] is not False
                         for r in rows if r["kind"].startswith("ctxkit")) else 1
     tok, tpl = _setup(args)

@@ -17,7 +17,7 @@ as if the renderer had been fresh, re-using the work done for the shared prefix:
   first `m` messages, and the next render draws only the tail from `m` on through the template.
 
 Ids, labels, spans and hashes after a cut equal those of a fresh renderer given the same messages
-(tests/test_render_cut.py checks random edits with hypothesis).
+(tests/text/test_render_cut.py checks random edits with hypothesis).
 """
 
 from __future__ import annotations

@@ -25,11 +25,11 @@ from functools import lru_cache
 import pytest
 
 from conftest import shared_path, tokenizer_dir
+from shared_trajectories import EPISODES, FILES, NOT_YET_IMPORTED, episodes, spread, window_budget
 from ctxkit.context.compress import COMPRESSORS, make_compressor
 from ctxkit.log.conversation import export_messages, import_conversation
 from ctxkit.errors import BudgetError, CtxkitError
 from ctxkit.events import EpisodeStart, Message, Step
-from ctxkit.log.importers import read_episodes, read_tools
 from ctxkit.log.event_log import MemoryLog
 from ctxkit.training.context_replay import verify_log
 from ctxkit.training.offline_steps import add_offline_steps
@@ -37,31 +37,14 @@ from ctxkit.text.rendering.renderer import render
 from ctxkit.text.tokenizer.loader import load_tokenizer
 from ctxkit.training.episode_samples import compressed_samples, samples
 
-FILES = {
-    "tau-bench__gpt-4o-airline.json": "tau-bench__airline_tools.json",
-    "sweagent__marshmallow-1867__function_calling_replace_from_source.traj": None,
-    "sweagent__pydicom-1458.traj": None,
-    "adp__swe-gym_openhands_sampled_trajectories__sample_raw.json": None,
-    "adp__swe-smith__sample_raw.json": None,
-}
-EPISODES = {"tau-bench__gpt-4o-airline.json": 200, "sweagent__marshmallow-1867__function_calling_replace_from_source.traj": 1,
-            "sweagent__pydicom-1458.traj": 1, "adp__swe-gym_openhands_sampled_trajectories__sample_raw.json": 5,
-            "adp__swe-smith__sample_raw.json": 5}
 RENDER_TOKENIZERS = ("qwen2.5-instruct", "qwen3", "smollm2-135m-instruct")
-STEP = 256
 
 
 def test_the_shared_folder_holds_exactly_these_trajectories():
     folder = shared_path("trajectories")
     data = sorted(p.name for p in folder.iterdir() if p.name != "SOURCES.md")
-    assert data == sorted([*FILES, *(t for t in FILES.values() if t)])
-
-
-@lru_cache(maxsize=None)
-def episodes(name: str):
-    tools = FILES[name]
-    return tuple(read_episodes(shared_path("trajectories", name), format="auto",
-                               tools=read_tools(shared_path("trajectories", tools)) if tools else None))
+    assert data == sorted([*FILES, *(t for t in FILES.values() if t), *NOT_YET_IMPORTED])
+    assert not set(NOT_YET_IMPORTED) & set(FILES)
 
 
 @lru_cache(maxsize=None)
@@ -72,12 +55,6 @@ def tok(name: str):
 def tools_of(events) -> list | None:
     start = next(e for e in events if isinstance(e, EpisodeStart))
     return list(start.tools) or None
-
-
-def spread(name: str) -> list[int]:
-    """Indexes of the episodes the compressor matrix runs on: all of a small file, every 20th of tau-bench."""
-    n = EPISODES[name]
-    return list(range(0, n, 20)) if n > 20 else list(range(n))
 
 
 @pytest.mark.parametrize("name", FILES)
@@ -135,18 +112,7 @@ def test_offline_steps_replay_and_samples(name):
         assert [x for r in rows for x, m in zip(r.token_ids, r.loss_mask) if m] == [x for s in steps for x in s.token_ids]
 
 
-def window_budget(events) -> tuple[int, int]:
-    """(full length, the smallest budget >= 50 % of it, in 256-token steps, at which `window` fits every step)."""
-    steps = [e for e in events if isinstance(e, Step)]
-    full = max(s.context_length + len(s.token_ids) for s in steps)
-    budget = full // 2
-    while True:
-        try:
-            compressed_samples(events, compressor="window", budget=budget)
-            return full, budget
-        except BudgetError:
-            budget += STEP
-            assert budget <= full, "window cannot fit an episode at its own full length"
+
 
 
 def loss_ids(rows) -> list[int]:

@@ -157,12 +157,13 @@ def test_bench_build_trajectories_folder_one_table(qwen, tmp_path, capsys):
 
 
 def test_trajectory_files_pair_tool_schemas_by_source_and_spread(tmp_path):
-    from ctxkit.benchmarks.trajectories_bench import spread, trajectory_files
+    from ctxkit.benchmarks.trajectories_bench import NOT_YET_IMPORTED, skipped_files, spread, trajectory_files
 
-    for name in ("tau__airline_tools.json", "tau__gpt.json", "swe__x.traj", "notes.md"):
+    for name in ("tau__airline_tools.json", "tau__gpt.json", "swe__x.traj", "notes.md", NOT_YET_IMPORTED[0]):
         (tmp_path / name).write_text("[]")
     assert [(p.name, t and t.name) for p, t in trajectory_files(tmp_path)] == \
         [("swe__x.traj", None), ("tau__gpt.json", "tau__airline_tools.json")]
+    assert skipped_files(tmp_path) == [NOT_YET_IMPORTED[0]]
     assert spread(200) == list(range(0, 200, 20)) and spread(5) == [0, 1, 2, 3, 4] and spread(20) == list(range(20))
 
 

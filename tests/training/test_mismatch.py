@@ -17,7 +17,7 @@ from ctxkit.errors import ConfigError
 from ctxkit.training.mismatch import ScoredStep, analyze, processed_logprobs, quantiles
 from ctxkit.training.mismatch.stats import bucketize, kind_stats, trap_stats
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _step(index, context_length, behaviour, recomputed, *, kind="processed", raw=None, rec_raw=None, sampling=None, log="a.jsonl"):

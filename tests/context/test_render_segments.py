@@ -154,7 +154,7 @@ def test_safe_opener_and_segment_ids():
 def trajectory_cases() -> list[tuple[str, int]]:
     """`(file, episode index)` for every file of `../shared/trajectories`: every episode of a small file,
     every 20th of tau-bench (`test_trajectories.spread`)."""
-    from test_trajectories import FILES, spread
+    from shared_trajectories import FILES, spread
 
     return [(name, index) for name in FILES for index in spread(name)]
 
@@ -164,7 +164,7 @@ def trajectory_cases() -> list[tuple[str, int]]:
 def test_every_build_on_real_trajectories_equals_a_full_render(file, index):
     """Real trajectories (offline steps, every compressor at 50 % of the full length, where it fits):
     every context built equals a full render of its view, for every episode the compressor matrix runs on."""
-    from test_trajectories import episodes, window_budget
+    from shared_trajectories import episodes, window_budget
     from ctxkit.training.offline_steps import add_offline_steps
 
     t = tok("qwen2.5-instruct")

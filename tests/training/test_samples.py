@@ -126,7 +126,7 @@ def test_history_rewriting_template_splits_samples(tmp_path):
 
 
 def test_tampered_log_refuses_samples(tmp_path):
-    from test_replay import flip, rechain
+    from log_tamper import flip, rechain
 
     log = run(tmp_path / "t.jsonl", n_turns=3)
     log.close()

@@ -18,7 +18,7 @@ from ctxkit.context.pins import (
     DETECTORS, LATEST_RULES, RULES_V1, RULESET, detect_constraints, get_detector, new_detections, resolve_pin_rules,
 )
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 V2 = "constraint-rules-v2"
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import require_module, tokenizer_dir
 from rollout_driver import Driver
-from test_replay import flip, rechain
+from log_tamper import flip, rechain
 from ctxkit.context.builder import ContextBuilder
 from ctxkit.cli.parser import main
 from ctxkit.events import Step
