@@ -11,7 +11,7 @@
 2. Lock: the run folder is locked for the whole run (`run_folder.RunLock`, an OS lock dropped when the
    process dies), so a second run on the same folder is refused and no episode gets two rows.
 3. Resume: `OUT/run.json` records the config fingerprint (a different config in the same folder is refused).
-   A row of `OUT/results.jsonl` is kept when its episode log verifies (`log.verify`) and ends with an
+   A row of `OUT/results.jsonl` is kept when its episode log verifies (`ctxkit.log.verify`) and ends with an
    `EpisodeEnd`; every other episode of the grid is run from scratch, after its partial log (if any) is
    renamed to `<log>.aborted-<n>` (kept for inspection, never read again). Resuming never calls
    `replay.resume`: an episode is short, and a clean rerun gives a row identical to an uninterrupted run.

@@ -89,7 +89,7 @@ def stamp(events: Iterable[Event], first_seq: int, ts: float) -> list[tuple[Even
 
 def stamp_line(event: Event, seq: int, ts: float, prev: str) -> tuple[Event, bytes, str]:
     """Stamp one event as `stamp` does and chain it after the line hashed `prev`: returns the recorded copy,
-    its whole log line (the body, then `prev` and `hash`, and a newline) and its hash (`logfile.line_hash`)."""
+    its whole log line (the body, then `prev` and `hash`, and a newline) and its hash (`file_format.line_hash`)."""
     recorded, _, body, canon = _stamp(event, seq, ts, 0, False)
     before = prev.encode()
     digest = _sha256(before + canon).hexdigest()

@@ -3,7 +3,8 @@ per-token provenance, incrementally as it grows or is cut.
 
 Modules: `renderer` (render, IncrementalRenderer, encode_assistant_turn), `output` (RenderedContext,
 context_hash), `mask` (assistant-turn labels), `cut` (cutting back to a prefix), `splice` (re-rendering a
-changed block), `segments` (per-segment caches). Imports `text/template/`, `text/tokenizer/` and L0.
+changed block), `segments` (per-segment caches). Imports `text/template/`, `text/tokenizer/`,
+`text/chat_messages.py`, `text/special_tokens.py` and L0.
 """
 
 from __future__ import annotations

@@ -88,7 +88,7 @@ class PrefixCut:
         """`(m, render of the first m messages without the prompt)` for the latest turn boundary `m <= n`
         past every core checkpoint, cut from the last rendered text (whose first `n` messages are kept),
         or None. The text before message `m`'s turn opener is taken as that render when a suffix window
-        ending at `m` renders to its tail: the check `template_locality.window_delta` makes of a core, under
+        ending at `m` renders to its tail: the check `text.template.locality.window_delta` makes of a core, under
         the same locality of the template."""
         text, opener, reach = self._text, self._profile.turn_opener, self._reach
         k = bisect.bisect_right(self._core_marks, (n, float("inf")))

@@ -19,7 +19,7 @@ How assistant turns are located in the rendered text (never from `{% generation 
 
 Text: for a template `template_locality` finds local (Qwen2.5, SmolLM2, chatml-tools-v1; not Qwen3,
 which rewrites earlier turns, nor Mistral), `IncrementalRenderer` renders only a short suffix window
-of the conversation after its first render (`template_locality.window_delta`), checked against the
+of the conversation after its first render (`text.template.locality.window_delta`), checked against the
 text already known; the window's old part is taken from an earlier build's core (`_core_marks`), so an
 append costs one template render. Otherwise, and whenever the check fails, it renders the whole
 conversation.
@@ -117,7 +117,7 @@ class IncrementalRenderer(TurnLabeller, PrefixCut, SuffixSplice, OutputAssembly)
         self._span_at: list[int] = [0]  # number of spans from regions[:i]
         self._span_dirty = 0  # regions[:i] unchanged since the last output for i <= this
         self.window_renders = 0
-        """Renders whose text came from a suffix window (`template_locality.window_delta`)."""
+        """Renders whose text came from a suffix window (`text.template.locality.window_delta`)."""
         self.full_renders = 0
         """Renders of the whole conversation through the template."""
 

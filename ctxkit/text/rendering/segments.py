@@ -17,7 +17,7 @@ Exactness: a tokenizer is *segmentable* when encoding a text equals encoding its
 special tokens one by one (`Tokenizer.segmentable`); cutting the text at every turn opener is one such
 cut when no other special token overlaps the opener's text (checked once: `safe_opener`), so the
 concatenated segment ids equal the ids of the whole text. The rendered text itself always comes from
-the template (whole or through `template_locality.window_delta`), never from cached segments.
+the template (whole or through `text.template.locality.window_delta`), never from cached segments.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ class SegmentCache:
         self._tools: tuple[Any, Any] | None = None  # (tools object given, its plain copy)
 
     def plain_tools(self, tools: Any) -> Any:
-        """`templates.plain_value(list(tools), "tools")`, made once per tools object (renderers of one
+        """`text.template.chat_template.plain_value(list(tools), "tools")`, made once per tools object (renderers of one
         builder are given the same, immutable, `View.tools` tuple again and again)."""
         if self._tools is not None and self._tools[0] is tools:
             return self._tools[1]

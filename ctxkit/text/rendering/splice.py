@@ -11,7 +11,7 @@ checks redone only where their outcome could differ) and, when the tail's text a
 located regions and token labels (shifted, `attach_tail`). Whatever the checks cannot confirm falls back to
 the ordinary path.
 
-Exactness argument (the one `template_locality.window_delta` makes, on both sides of the block): a local
+Exactness argument (the one `text.template.locality.window_delta` makes, on both sides of the block): a local
 template renders each message as a piece that depends only on the message, its neighbours within `reach`,
 the leading messages and global values. Pieces of messages before `a - reach` and from `b + reach` on (`b`
 the first suffix message in the old view) are the same in both views. A window (the leading messages plus
@@ -293,7 +293,7 @@ class SuffixSplice:
     def _append_tail(self, new_at: int, ids: list, starts: list, sp_ends: list, sp_tok: list, shift: int,
                      t: int) -> None:
         """Append a kept tail from `_tail_tokens` after the tokens of the text before char `new_at`: the
-        tokenizer is segmentable and the tail begins at a safe turn opener (`render_segments.safe_opener`),
+        tokenizer is segmentable and the tail begins at a safe turn opener (`segments.safe_opener`),
         so its ids are those of its own encoding, which the old text held from its token `t` on."""
         k = len(self._ids) - t
         self._tail_map = (t, len(self._ids), shift)
@@ -349,7 +349,7 @@ class SuffixSplice:
         return True
 
     def _encode_from(self, text: str, b: int, j: int, k: int) -> None:
-        """`_retokenize` with a turn-opener cut (`render_segments.encode_segments`): drop the tokens from token
+        """`_retokenize` with a turn-opener cut (`segments.encode_segments`): drop the tokens from token
         `k` (special token `j`) on and encode `text` from char `b`, shifting the ids of a kept tail when a
         splice left one."""
         tail = self._tail_tokens(b, len(text)) if self._kept_tail is not None else None

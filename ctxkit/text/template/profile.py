@@ -5,7 +5,7 @@ special tokens in it, the end-of-turn token, BOS handling, prefix preservation p
 tool and reasoning support, a default system prompt, and locality (whether appending messages may be
 rendered from a suffix window, and how far a message's rendering looks at its neighbours). They are
 probed by rendering small conversations (`probe_conversation`, plus conversations of many shapes for
-locality) and cached per (tokenizer id, template id): `template_profile(tokenizer, template)`.
+locality) and cached per (tokenizer id, template id, render limits): `template_profile(tokenizer, template)`.
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ HF_VOCAB_FILES = (
     "added_tokens.json",
 )
 """Files of a Hugging Face tokenizer folder whose bytes make up its id (the chat template is hashed
-separately, by `templates.py`)."""
+separately, by `text/template/chat_template.py`)."""
 
 SPECIAL_TOKEN_ATTRIBUTES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 """Named special tokens, in the order `transformers`' `special_tokens_map` lists them."""

@@ -4,7 +4,7 @@
 cache when offline), `tiktoken:<encoding>` (the `.tiktoken` rank file is found offline, see
 `tiktoken_search_dirs`) or `tiktoken:/path/to/file.tiktoken`. Loaded tokenizers are cached per spec.
 
-A folder is read with the `tokenizers` library alone (`tokenizer_files.read_tokenizer_folder`: no
+A folder is read with the `tokenizers` library alone (`hf_files.read_tokenizer_folder`: no
 `transformers` import, a fraction of a second); hub ids and folder layouts it does not understand load
 through `transformers`' `AutoTokenizer`. Either way `Tokenizer.hf` gives the `transformers` tokenizer,
 loaded on first use, for comparisons with `apply_chat_template` and for models.
@@ -18,7 +18,7 @@ the text (Metaspace tokenizers prepend a word marker only there). It gives the s
 (tests check this on every shared tokenizer) and makes re-tokenizing a growing conversation O(new).
 Ids alone (`encode`, `count`, `encode_segmented`) are computed without character offsets; token starts
 (`encode_with_offsets`) come from the library's offsets, or, for a byte-level BPE on ASCII text, from the
-token lengths (`tokenizer_files.ascii_starts_function`, proven equal at load and checked per piece).
+token lengths (`hf_files.ascii_starts_function`, proven equal at load and checked per piece).
 """
 
 from __future__ import annotations
@@ -241,7 +241,7 @@ class Tokenizer:
         """`(ids, starts)` of one piece: its ids and the character offset (in the piece) where each starts.
 
         Cached by `(piece, at_start)`. Where the backend proves the starts from the ids (a byte-level BPE on
-        an ASCII piece, `tokenizer_files.ascii_starts_function`), they are the running sum of the tokens'
+        an ASCII piece, `hf_files.ascii_starts_function`), they are the running sum of the tokens'
         lengths; otherwise they are the library's offsets."""
         key = (piece, at_start)
         hit = self._piece_cache.get(key)

@@ -1,6 +1,6 @@
 """tiktoken encodings read offline, with ChatML special tokens added.
 
-`read_tiktoken(spec)` gives what `tokenizers.load_tokenizer` builds a `Tokenizer` from for
+`read_tiktoken(spec)` gives what `loader.load_tokenizer` builds a `Tokenizer` from for
 `tiktoken:<encoding>` (its rank file found in `tiktoken_search_dirs()`) or `tiktoken:/path/to/file.tiktoken`:
 tiktoken's own definition of the encoding (pattern, special tokens), never fetched from the network.
 """
