@@ -5,7 +5,8 @@ Everything shown comes from the log through the code that replays it: each step'
 each compaction's before/after views are `view.build_view` up to the event before it and up to it. A
 step whose replay fails (rebuild error or hash mismatch) carries the reason and no context, so the page
 says so at that step instead of showing a plausible context; a setup failure (no recorded tokenizer, an
-id mismatch) is reported for the whole episode.
+id mismatch) is reported for the whole episode. A log that cannot be read at all (a torn or non-JSON
+line, a broken hash chain) is `failed_episode`: no events, its typed error naming the file and line.
 
 Size: a context is stored as references into a `Pool` of segments (the tokens of one message span, or a
 piece of the template scaffold between two spans, cut before each special token, with their per-token
@@ -31,7 +32,7 @@ from ctxkit.edits import edit_to_dict
 from ctxkit.text.tokenizer.pieces import token_texts
 from ctxkit.training.context_replay import load_events, replay_steps, resolve_setup
 
-__all__ = ["CLASS_CODES", "Pool", "context_segments", "episode_data", "token_classes"]
+__all__ = ["CLASS_CODES", "Pool", "context_segments", "episode_data", "failed_episode", "token_classes"]
 
 CLASS_CODES: dict[str, str] = {
     "verbatim": "v", "masked": "m", "truncated": "t", "summary": "s", "retrieved": "r", "pinned": "p",
@@ -160,10 +161,20 @@ def _jsonable(event: Event) -> dict[str, Any]:
     return orjson.loads(orjson.dumps(event_to_dict(event), default=str))
 
 
+def failed_episode(path: str | Path, error: Exception, *, label: str | None = None) -> dict[str, Any]:
+    """The viewer data of a log that could not be read: every field of `episode_data`, empty, and
+    `load_error` = `"<ErrorType>: <message>"` (a `LogFormatError`'s message names the file and line)."""
+    return {
+        "path": str(path), "label": label or str(path), "episode_id": "", "events": [], "steps": [], "compactions": {},
+        "budget": None, "reserved": 0, "setup_error": None, "load_error": f"{type(error).__name__}: {error}",
+        "specials": [], "tokenizer": None, "template": None, "task": {}, "sampler": {}, "compressor": None, "end": None,
+    }
+
+
 def episode_data(path: str | Path, pool: Pool, *, tokenizer: Any = None, template: Any = None,
                  label: str | None = None) -> dict[str, Any]:
     """The viewer data of the episode log at `path` (read and chain-verified; a corrupt log raises its
-    `LogFormatError`), its contexts and segments added to `pool`."""
+    `LogFormatError`, see `failed_episode`), its contexts and segments added to `pool`."""
     events, episode_id = load_events(str(path))
     start = next((e for e in events if isinstance(e, EpisodeStart)), None)
     end = next((e for e in reversed(events) if isinstance(e, EpisodeEnd)), None)
@@ -175,9 +186,9 @@ def episode_data(path: str | Path, pool: Pool, *, tokenizer: Any = None, templat
     data: dict[str, Any] = {
         "path": str(path), "label": label or str(path), "episode_id": episode_id or (start.episode_id if start else ""),
         "events": [_jsonable(e) for e in events], "steps": [], "compactions": {}, "budget": budget,
-        "reserved": reserved, "setup_error": None, "specials": [], "tokenizer": None, "template": None,
-        "task": dict(start.task) if start is not None else {}, "sampler": dict(start.sampler) if start is not None else {},
-        "compressor": desc.get("compressor"),
+        "reserved": reserved, "setup_error": None, "load_error": None, "specials": [], "tokenizer": None,
+        "template": None, "task": dict(start.task) if start is not None else {},
+        "sampler": dict(start.sampler) if start is not None else {}, "compressor": desc.get("compressor"),
         "end": None if end is None else {"outcome": end.outcome, "cause": end.cause, "reward": end.reward,
                                          "reward_kind": end.reward_kind},
     }

@@ -131,9 +131,14 @@ function brief(e) {
   }
   return "";
 }
+function showFailed(ep) {  // a log that could not be read: its error, nothing else
+  $main.innerHTML = '<div class="failed-episode"><h2>' + esc(ep.label) + '</h2><div class="banner replay-failed">this log could not be read: ' +
+    esc(ep.load_error) + "<br>Nothing of this episode is shown; the other episodes on this page are.</div></div>";
+}
 function showEpisode(ei, evId) {
   const ep = D.episodes[ei];
   ep._i = ei;
+  if (ep.load_error) { showFailed(ep); return; }
   const steps = {}; for (const s of ep.steps) steps[s.id] = s;
   $main.innerHTML = "";
   const head = el("div");
@@ -193,7 +198,7 @@ function showRun(ri) {
     for (const t of r.tasks) {
       const c = r.cells[a + "\t" + t];
       if (!c) { h.push("<td>–</td>"); continue; }
-      const eps = c.episodes.map(id => { const i = episodeIndex(id); return i < 0 ? esc(id) : '<a class="cell-ep" href="#ep-' + i + '">' + esc(id.split("/").pop()) + "</a>"; }).join(" ");
+      const eps = c.episodes.map(id => { const i = episodeIndex(id); return i < 0 ? esc(id) : '<a class="cell-ep' + (D.episodes[i].load_error ? " bad" : "") + '" href="#ep-' + i + '"' + (D.episodes[i].load_error ? ' title="could not be read"' : "") + ">" + esc(id.split("/").pop()) + "</a>"; }).join(" ");
       h.push('<td class="cell">quality <b>' + fmt(c.quality) + "</b><br>ends " + esc(Object.entries(c.ends).map(([k, v]) => k + " ×" + v).join(", ")) +
         "<br>prompt tokens " + fmt(Math.round(c.prompt_tokens)) + "<br>wall " + fmt(c.wall_s, 2) + " s<br>" + eps + "</td>");
     }
@@ -254,6 +259,7 @@ function buildNav() {
   D.runs.forEach((r, i) => { h.push("<h3>run " + esc(r.name) + '</h3><a href="#run-' + i + '">arms × tasks grid</a><a href="#diff-' + i + '">arm diff</a>'); });
   h.push("<h3>episodes (" + D.episodes.length + ")</h3>");
   D.episodes.forEach((e, i) => {
+    if (e.load_error) { h.push('<a class="failed-ep" href="#ep-' + i + '">' + esc(e.label) + ' <small><span class="bad">could not be read</span></small></a>'); return; }
     const bad = e.setup_error || e.steps.some(s => !s.ok);
     h.push('<a href="#ep-' + i + '">' + esc(e.label) + " <small>" + e.steps.length + " steps" + (e.end ? " · " + esc(e.end.outcome) : "") + (bad ? ' · <span class="bad">replay failed</span>' : "") + "</small></a>");
   });
@@ -270,13 +276,17 @@ function route() {
     $main.dataset.ep = m[1];
     return;
   } else if (D.runs.length) showRun(0);
-  else if (D.episodes.length) { showEpisode(0); $main.dataset.ep = "0"; return; }
+  else if (D.episodes.length) {  // the first episode that could be read (the nav lists those that could not)
+    const first = Math.max(0, D.episodes.findIndex(e => !e.load_error));
+    showEpisode(first); $main.dataset.ep = String(first); return;
+  }
   else $main.innerHTML = "<p>nothing to show</p>";
   delete $main.dataset.ep;
 }
 buildNav();
 route();
 window.addEventListener("hashchange", route);
-document.getElementById("where").textContent = D.episodes.length + " episode(s), " + D.runs.length + " run(s)";
+const N_FAILED = D.episodes.filter(e => e.load_error).length;
+document.getElementById("where").textContent = D.episodes.length + " episode(s)" + (N_FAILED ? " (" + N_FAILED + " could not be read)" : "") + ", " + D.runs.length + " run(s)";
 window.ctxkitReadyMs = performance.now() - T0;
 document.body.dataset.ready = "1";

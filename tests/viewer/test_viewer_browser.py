@@ -1,5 +1,7 @@
 """`ctxkit view` pages in real headless Chromium (Debian's, through Playwright): the DOM has every step, the
-provenance classes, the run grid and the arm diff; no console errors; no request leaves file:/data:.
+provenance classes, the run grid and the arm diff; a real SWE-Gym episode whose messages hold `<!--` loads;
+a log that cannot be read is shown as failed beside the others; no console errors; no request leaves
+file:/data:.
 
 Screenshots go to the test's tmp folder, and to `$CTXKIT_VIEWER_SCREENSHOTS` when set (how the ones in
 docs/screenshots/ were made). The 200-step page's load time is measured and printed, not asserted.
@@ -13,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from viewer_fixtures import PageProbe, break_step, browser, import_tau, make_long_episode, make_run
+from viewer_fixtures import (PageProbe, break_step, browser, damage_log, import_swe_gym, import_tau, make_long_episode,
+                             make_run)
 from ctxkit.cli.parser import main
-from ctxkit.events import Step
+from ctxkit.events import Message, Step
 from ctxkit.log.event_log import read_events
 
 
@@ -32,10 +35,17 @@ def pages(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("viewer-pages")
     run = make_run(tmp)
     tau = import_tau(tmp)
-    out = {"run": tmp / "run.html", "tau": tmp / "tau.html", "tau_log": tau, "bad": tmp / "bad.html"}
+    swe = import_swe_gym(tmp)
+    torn = tmp / "torn.jsonl"
+    torn.write_bytes(tau.read_bytes())
+    out = {"run": tmp / "run.html", "tau": tmp / "tau.html", "tau_log": tau, "bad": tmp / "bad.html",
+           "swe": tmp / "swe.html", "swe_log": swe, "mixed": tmp / "mixed.html", "torn": torn,
+           "torn_line": damage_log(torn, "torn-last-line")}
     assert main(["view", str(run), "-o", str(out["run"])]) == 0
     assert main(["view", str(tau), "-o", str(out["tau"])]) == 0
     assert main(["view", str(break_step(tau, tmp / "bad.jsonl", 1)), "-o", str(out["bad"])]) == 0
+    assert main(["view", str(swe), "-o", str(out["swe"])]) == 0
+    assert main(["view", str(torn), str(swe), "-o", str(out["mixed"])]) == 0
     return out
 
 
@@ -64,6 +74,38 @@ def test_episode_page_of_an_imported_trajectory(chromium, pages, tmp_path):
     assert body.locator(".samp .stok").count() > 0
     body.locator(".tokens").scroll_into_view_if_needed()
     shot(page, tmp_path, "episode.png")
+    assert probe.errors == [] and probe.external == []
+    probe.close()
+
+
+def test_swe_gym_episode_with_html_comments_loads(chromium, pages):
+    events = read_events(pages["swe_log"])
+    comment = next(e for e in events if isinstance(e, Message) and "<!--" in e.content)
+    probe = PageProbe(chromium)
+    page = probe.open(pages["swe"])  # waits for the script to finish: the data block parsed
+    assert "Loading" not in page.locator("#main").inner_text()
+    assert page.locator("#main h2").inner_text() == str(pages["swe_log"])
+    assert page.locator("details.ev").count() == len(events)
+    assert page.locator("details.step").count() == sum(isinstance(e, Step) for e in events)
+    page.goto(pages["swe"].resolve().as_uri() + f"#ep-0/{comment.id}")  # that message's raw event, in full
+    raw = page.locator("details.ev.target pre.json")
+    raw.wait_for()
+    assert "<!--" in raw.inner_text() and comment.content.splitlines()[0] in raw.inner_text()
+    assert probe.errors == [] and probe.external == []
+    probe.close()
+
+
+def test_unreadable_log_is_a_failed_episode_beside_the_others(chromium, pages):
+    probe = PageProbe(chromium)
+    page = probe.open(pages["mixed"])
+    assert "(1 could not be read)" in page.locator("#where").inner_text()
+    assert page.locator("#main h2").inner_text() == str(pages["swe_log"])  # opens at the first readable episode
+    assert page.locator("details.step").count() > 0
+    page.locator("#nav a.failed-ep").click()
+    banner = page.locator("#main .failed-episode .replay-failed")
+    banner.wait_for()
+    assert banner.inner_text().startswith(f"this log could not be read: TornLineError: {pages['torn']}:{pages['torn_line']}: ")
+    assert page.locator("details.ev").count() == 0
     assert probe.errors == [] and probe.external == []
     probe.close()
 

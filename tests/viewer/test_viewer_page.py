@@ -1,32 +1,46 @@
-"""`ctxkit view` without a browser: the page's data comes from replay, is stored once per segment, names a
-failing step, loads nothing from outside; `-o` writes it, `--serve` serves it on 127.0.0.1."""
+"""`ctxkit view` without a browser: the page's data comes from replay, is stored once per segment, is
+valid JSON whatever the messages hold, names a failing step, shows a log that cannot be read as a failed
+episode, loads nothing from outside; `-o` writes it (with the umask's mode), `--serve` serves it on
+127.0.0.1."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import socket
+import stat
 import subprocess
 import sys
+import tempfile
 import urllib.error
 import urllib.request
+from pathlib import Path
 
+import orjson
 import pytest
+from hypothesis import given, settings, strategies as st
 
-from viewer_fixtures import SIZE_BOUND_200, break_step, import_tau, make_long_episode, make_run
+from viewer_fixtures import (DAMAGES, SIZE_BOUND_200, break_step, damage_log, data_block, import_swe_gym, import_tau,
+                             make_long_episode, make_run, page_data)
 from ctxkit.cli.parser import main
-from ctxkit.events import Compaction, Step
-from ctxkit.log.event_log import read_events
+from ctxkit.errors import LogFormatError
+from ctxkit.events import Compaction, EpisodeStart, Message, Step
+from ctxkit.experiment.report import summarize
+from ctxkit.experiment.run_folder import read_rows
+from ctxkit.log.event_log import EventLog, read_events
 from ctxkit.training.context_replay import verify_log
 from ctxkit.viewer import HOST, build_page, serve_page, write_page
 from ctxkit.viewer.episode_data import context_segments
+from ctxkit.viewer.page import embed_json
 
-
-def page_data(html: str) -> dict:
-    """The JSON blob of a page."""
-    m = re.search(r'<script type="application/json" id="ctxkit-data">(.*?)</script>', html, re.S)
-    assert m is not None
-    return json.loads(m.group(1).replace("<\\/", "</").replace("<\\!--", "<!--"))
+HOSTILE = ["</script>", "</SCRIPT >", "</script/", "<!--", "-->", "<script>", "<!--<script>", "<![CDATA[", "]]>",
+           "\u2028", "\u2029", "&amp;", "&lt;", "<\\/", "\\u003c", "\\", '"', "\x00", "\r\n", "\r", "\ufeff", "\U0001f600"]
+"""Text that breaks a naive embedding: ends or re-opens the script, HTML comments, JS line separators,
+escapes that look like ours, control characters, non-BMP text."""
+TEXTS = st.lists(st.one_of(st.sampled_from(HOSTILE), st.text(max_size=20)), max_size=12).map("".join)
+"""Arbitrary text (every code point but lone surrogates, which no log can hold) mixed with `HOSTILE`."""
 
 
 @pytest.fixture(scope="module")
@@ -76,9 +90,6 @@ def test_page_loads_nothing_from_outside(run_dir):
 
 
 def test_run_folder_grid_has_the_report_numbers(run_dir):
-    from ctxkit.experiment.report import summarize
-    from ctxkit.experiment.run_folder import read_rows
-
     data = page_data(build_page([run_dir]).html)
     (run,) = data["runs"]
     rows = read_rows(run_dir)
@@ -107,9 +118,6 @@ def test_a_failing_step_is_named_and_shows_no_context(tau_log, tmp_path):
 
 
 def test_a_log_without_a_recorded_tokenizer_says_so(tmp_path):
-    from ctxkit.events import EpisodeStart, Message
-    from ctxkit.log.event_log import EventLog
-
     log = EventLog.create(tmp_path / "plain.jsonl")
     log.extend([EpisodeStart(episode_id="x"), Message(role="user", content="hi"),
                 Step(context_hash="ab" * 32, context_length=3, token_ids=(1, 2))])
@@ -187,3 +195,90 @@ def test_cli_serve_is_bounded(tau_log):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def _message_log(path: Path, text: str) -> Path:
+    """A log of one user message holding `text` (no tokenizer recorded: the page shows its events only)."""
+    log = EventLog.create(path)
+    log.extend([EpisodeStart(episode_id="x"), Message(role="user", content=text)])
+    log.close()
+    return path
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=TEXTS)
+def test_embedded_json_is_valid_and_round_trips(text):
+    data = {"text": text, "list": [text, {text: text}]}
+    block = embed_json(data)
+    assert not any(c in block for c in "<>&\u2028\u2029")
+    assert json.loads(block) == data
+
+
+@settings(max_examples=40, deadline=None)
+@given(text=TEXTS)
+def test_any_message_text_round_trips_through_the_page(text):
+    with tempfile.TemporaryDirectory() as d:
+        page = build_page([_message_log(Path(d) / "m.jsonl", text)])
+    (ep,) = page_data(page.html)["episodes"]  # the block the browser cuts out, parsed as is
+    assert [e.get("content") for e in ep["events"]] == [None, text]
+
+
+def test_lone_surrogates_never_reach_a_page():
+    with pytest.raises(orjson.JSONEncodeError):  # refused loudly, not written as a page that cannot load
+        embed_json({"text": "\ud800"})
+
+
+def test_swe_gym_messages_with_html_comments_round_trip(tmp_path):
+    log = import_swe_gym(tmp_path)
+    assert "<!--" in log.read_text(encoding="utf-8")
+    html = build_page([log]).html
+    assert "<!--" not in data_block(html)
+    (ep,) = page_data(html)["episodes"]
+    contents = [getattr(e, "content", None) for e in read_events(log)]
+    assert [e.get("content") for e in ep["events"]] == contents
+    assert sum("<!--" in (c or "") for c in contents) >= 1 and all(s["ok"] for s in ep["steps"])
+
+
+@pytest.mark.parametrize("how", DAMAGES)
+def test_a_damaged_log_in_a_run_folder_is_one_failed_episode(run_dir, tmp_path, capsys, how):
+    run = shutil.copytree(run_dir, tmp_path / "run")
+    bad = run / "episodes" / "window" / "needle-recall-0.jsonl"
+    line = damage_log(bad, how)
+    kind = "TornLineError" if how == "torn-last-line" else "LogFormatError"
+    assert main(["view", str(run), "-o", str(tmp_path / "run.html")]) == 0
+    out, err = capsys.readouterr()
+    assert "4 episode(s) (1 could not be read)" in out
+    assert err.startswith(f"ctxkit: warning: {kind}: {bad}:{line}: "), err
+    data = page_data((tmp_path / "run.html").read_text(encoding="utf-8"))
+    failed = [e for e in data["episodes"] if e["load_error"]]
+    assert [e["label"] for e in failed] == ["window/needle-recall-0"] and failed[0]["events"] == []
+    assert failed[0]["load_error"].startswith(f"{kind}: {bad}:{line}: ")
+    assert all(e["steps"] for e in data["episodes"] if not e["load_error"])
+    assert data["runs"][0]["cells"]["window\tneedle-recall"]["episodes"] == ["window/needle-recall-0"]
+
+
+def test_when_no_log_can_be_read_the_command_fails(tau_log, tmp_path, capsys):
+    logs = [shutil.copy(tau_log, tmp_path / f"{k}.jsonl") for k in ("a", "b")]
+    lines = [damage_log(Path(p), how) for p, how in zip(logs, DAMAGES)]
+    with pytest.raises(LogFormatError):
+        build_page(logs)
+    assert main(["view", *map(str, logs), "-o", str(tmp_path / "o.html")]) == 2
+    assert f"ctxkit: error: {logs[0]}:{lines[0]}: last line is incomplete" in capsys.readouterr().err
+    assert not (tmp_path / "o.html").exists()
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002, 0o027])
+def test_written_page_has_the_umask_mode(tmp_path, umask):
+    page = build_page([_message_log(tmp_path / "m.jsonl", "hi")])
+    old = tmp_path / "old.html"
+    old.write_text("x")
+    old.chmod(0o600)
+    prev = os.umask(umask)
+    try:
+        for out in (write_page(page, tmp_path / "new.html"), write_page(page, old)):
+            assert stat.S_IMODE(out.stat().st_mode) == 0o666 & ~umask, out
+        assert main(["view", str(tmp_path / "m.jsonl"), "-o", str(tmp_path / "cli.html")]) == 0
+        assert stat.S_IMODE((tmp_path / "cli.html").stat().st_mode) == 0o666 & ~umask
+    finally:
+        os.umask(prev)
+    assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]  # no temporary file left

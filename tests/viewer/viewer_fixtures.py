@@ -1,11 +1,15 @@
-"""Inputs for the viewer tests: a small ablation run folder (scripted agents), an imported real trajectory,
-the 200-step synthetic episode as a real log with compactions, a log whose replay fails at one step, and
-headless Chromium through Playwright (Debian's /usr/bin/chromium; never a browser download)."""
+"""Inputs for the viewer tests: a small ablation run folder (scripted agents), imported real trajectories
+(tau-bench; a SWE-Gym episode whose messages hold `<!--`), the 200-step synthetic episode as a real log
+with compactions, a log whose replay fails at one step, damaged logs, the page's data block read the way
+the browser reads it, and headless Chromium through Playwright (Debian's /usr/bin/chromium; never a
+browser download)."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +21,29 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
                  "--disable-component-update", "--no-first-run"]
 SIZE_BOUND_200 = 4_000_000
 """Bound on the 200-step (~70k-token) episode's page, bytes (measured 2.9 to 3.0 MB)."""
+SWE_GYM = "adp__swe-gym_openhands_sampled_trajectories__sample_raw.json"
+"""The Agent Data Protocol SWE-Gym sample; its episode 0 has `<!--` in six messages."""
+DATA_OPEN = '<script type="application/json" id="ctxkit-data">'
+DAMAGES = ("torn-last-line", "non-json-line", "edited-line", "lone-surrogate")
+"""Ways `damage_log` breaks a log: a crash mid-append, a line that is not JSON, a line edited after it was
+written (its hash no longer matches: the chain is broken), a `\\ud800` escape (no valid UTF-8 text)."""
+
+
+def data_block(html: str) -> str:
+    """The text of the page's data <script>, cut where the browser's HTML parser cuts it: at the first
+    `</script` after the opening tag (exact only when the block holds no `<` at all, which is asserted:
+    with one, `<!--` and `<script` could move the end)."""
+    start = html.index(DATA_OPEN) + len(DATA_OPEN)
+    end = re.compile("</script", re.I).search(html, start)
+    assert end is not None
+    block = html[start:end.start()]
+    assert "<" not in block, "a '<' in the data block: the HTML parser may end it elsewhere"
+    return block
+
+
+def page_data(html: str) -> dict:
+    """The page's data, parsed exactly as the page's `JSON.parse(textContent)` does (nothing undone first)."""
+    return json.loads(data_block(html))
 
 
 def run_toml() -> str:
@@ -67,6 +94,35 @@ def import_tau(tmp: Path) -> Path:
                  "--tools", str(shared_path("trajectories", "tau-bench__airline_tools.json")),
                  "--tokenizer", str(tokenizer_dir("qwen2.5-instruct")), "-o", str(out)]) == 0
     return out
+
+
+def import_swe_gym(tmp: Path, index: int = 0) -> Path:
+    """SWE-Gym episode `index` imported with `ctxkit import --tokenizer` (offline steps, Qwen2.5)."""
+    out = tmp / f"swe-gym-{index}.jsonl"
+    assert main(["import", str(shared_path("trajectories", SWE_GYM)), "--select", str(index),
+                 "--tokenizer", str(tokenizer_dir("qwen2.5-instruct")), "-o", str(out)]) == 0
+    return out
+
+
+def damage_log(path: Path, how: str) -> int:
+    """Break the log at `path` in place (`how`: one of `DAMAGES`); the 1-based line the reader names."""
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    k = next(i for i, line in enumerate(lines) if '"content":"' in line)  # the first event with text
+    if how == "torn-last-line":
+        lines[-1] = lines[-1][: len(lines[-1]) // 2]
+        k = len(lines) - 1
+    elif how == "non-json-line":
+        lines[k] = "{not json\n"
+    elif how == "edited-line":
+        rec = json.loads(lines[k])
+        rec["content"] += " (edited)"
+        lines[k] = json.dumps(rec, ensure_ascii=False) + "\n"
+    elif how == "lone-surrogate":
+        lines[k] = lines[k].replace('"content":"', '"content":"\\ud800', 1)
+    else:
+        raise ValueError(f"damage {how!r}: expected one of {DAMAGES}")
+    path.write_text("".join(lines), encoding="utf-8")
+    return k + 1
 
 
 def make_long_episode(path: Path, *, turns: int = 200, compressor: str = "mask-then-window", budget: int = 16_000) -> Path:

@@ -1,7 +1,9 @@
 """`ctxkit view PATH... (-o out.html | --serve [--port N])`: the context viewer (thin).
 
 Builds one self-contained HTML page (`ctxkit.viewer.build_page`) from episode logs, folders of logs or
-run folders from `ctxkit ablate`, and writes it or serves it on 127.0.0.1 only.
+run folders from `ctxkit ablate`, and writes it or serves it on 127.0.0.1 only. A log that cannot be read
+is a warning on stderr and a failed episode on the page; the exit status is 0 while at least one episode
+loaded (2, with the first log's error, when none did).
 """
 
 from __future__ import annotations
@@ -40,8 +42,7 @@ def _view(args: argparse.Namespace) -> int:
     if args.output is not None and not args.output.lower().endswith((".html", ".htm")):
         raise ConfigError(f"-o {args.output}: expected an .html file name")
     page = build_page(args.paths, tokenizer=args.tokenizer, template=args.template)
-    what = (f"{page.n_episodes} episode(s), {page.n_steps} steps; {page.n_tokens_shown:,} context tokens stored as "
-            f"{page.n_segments:,} distinct segments ({page.n_tokens_stored:,} tokens); {page.size / 1e6:.2f} MB")
+    what = _describe(page)
     if args.output is not None:
         write_page(page, args.output)
         print(f"{args.output}: {what}")
@@ -55,3 +56,12 @@ def _view(args: argparse.Namespace) -> int:
     finally:
         server.server_close()
     return 0
+
+
+def _describe(page: Any) -> str:
+    """The summary of a built page; a warning on stderr for each log that could not be read."""
+    for error in page.failed:
+        print(f"ctxkit: warning: {error} (shown on the page as an episode that could not be read)", file=sys.stderr)
+    failed = f" ({len(page.failed)} could not be read)" if page.failed else ""
+    return (f"{page.n_episodes} episode(s){failed}, {page.n_steps} steps; {page.n_tokens_shown:,} context tokens stored as "
+            f"{page.n_segments:,} distinct segments ({page.n_tokens_stored:,} tokens); {page.size / 1e6:.2f} MB")
