@@ -13,6 +13,8 @@ rm -rf "$WORK" && mkdir -p "$WORK"
 ARMS=window,mask-observations,truncate-tool-output,mask-then-window,truncate-then-window
 echo "== bench build: synthetic episode, 200 turns, budget 16000 ($(date -u +%FT%TZ))"
 ctxkit bench build --turns 200 --budget 16000 --repeats 3 --compressors "$ARMS,mask-then-window-v2,truncate-then-window-v2,mask-observations-v2,truncate-tool-output-v2"
+echo "== replay vs live build: synthetic episode, 200 turns, budget 16000 (new replay target <= 1.5x live)"
+python -m ctxkit.benchmarks.replay_bench --turns 200 --budget 16000 --repeats 3 --compressors window,mask-observations
 echo "== bench build: every file of ../shared/trajectories at 50 % of each episode"
 ctxkit bench build --trajectories --compressors "$ARMS,mask-then-window-v2,truncate-then-window-v2"
 echo "== bench render: 200 turns"

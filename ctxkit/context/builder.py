@@ -325,15 +325,32 @@ def rebuild(
     tmpl = load_template(template, tok)
     view = build_view(events, upto_seq)
     start = next((e for e in events if isinstance(e, EpisodeStart)), None)
-    if special_tokens is None:
-        special_tokens = (start.context.get("special_tokens") if start is not None else None) or RECORDED_DEFAULT
-    if budget is None:
-        if start is not None and isinstance(start.context.get("budget"), int):
-            budget = start.context["budget"] - int(start.context.get("reserve_tokens", 0) or 0)
-    check_pairing(view)
-    rendered = RenderCache(tok, tmpl, special_tokens=special_tokens).render(view)
+    rec_special, rec_budget = recorded_render_policy(start)
+    special_tokens = rec_special if special_tokens is None else special_tokens
+    budget = rec_budget if budget is None else budget
+    return render_view(view, RenderCache(tok, tmpl, special_tokens=special_tokens), tok, budget)
+
+
+def recorded_render_policy(start: EpisodeStart | None) -> tuple[Any, int | None]:
+    """`(special_tokens, budget)` a rebuild renders with by default: the special-token policy recorded in
+    `start.context` (`"allow"` when none is: older logs) and the recorded budget less the reserve (None
+    when none is recorded)."""
+    ctx = start.context if start is not None else {}
+    special = ctx.get("special_tokens") or RECORDED_DEFAULT
+    budget = ctx["budget"] - int(ctx.get("reserve_tokens", 0) or 0) if isinstance(ctx.get("budget"), int) else None
+    return special, budget
+
+
+def render_view(view: View, renderer: RenderCache, tok: Any, budget: int | None, *,
+                problems: Sequence[PairingProblem] | None = None, pin_cache: PinCheckCache | None = None) -> BuiltContext:
+    """The `BuiltContext` of `view` as `rebuild` makes it, rendered with `renderer` (a `RenderCache` the caller
+    may keep across views, as replay does across steps): pairing checked (`problems`: the view's pairing
+    problems when the caller has them, see `check_pairing`), pins checked (`pin_cache` kept across calls
+    too), the budget only reported in `truncated`."""
+    check_pairing(view, problems=problems)
+    rendered = renderer.render(view)
     truncated = budget is not None and len(rendered.token_ids) > budget
-    return _finish(view, rendered, tok, budget, (), truncated)
+    return _finish(view, rendered, tok, budget, (), truncated, pin_cache)
 
 
 # ---------------------------------------------------------------------------------------------- internals

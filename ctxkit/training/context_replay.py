@@ -16,6 +16,9 @@ the difference lies at or after `len(P)` and the result names the events rendere
 (`suspect_events`). Otherwise (first step, compaction in between, history-rewriting template) only the
 lengths and hashes are compared, and that is said.
 
+`replay_steps(log)` replays every step in one incremental walk (`StepContexts`: one view state fed each
+event once, one kept render cache), so it costs about what building the episode live did; its results
+equal rebuilding each step from scratch (`replay_steps(..., reference=True)`, the quadratic reference).
 `verify_log(log)` replays every step. `resume(log_path)` gathers what continuing an interrupted episode
 needs (restored external state, pending tool calls, pins, sampler, a ready builder).
 """
@@ -28,7 +31,9 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 from ctxkit.errors import ConfigError, CtxkitError, ReplayError
 from ctxkit.events import Compaction, EpisodeEnd, EpisodeStart, Event, Message, Pin, Step, ToolCall, ToolResult
-from ctxkit.context.builder import ContextBuilder, rebuild
+from ctxkit.context.builder import RENDERS_KEPT, ContextBuilder, PinCheckCache, rebuild, recorded_render_policy, render_view
+from ctxkit.context.render_cache import RenderCache
+from ctxkit.context.view import ViewState
 from ctxkit.context.pins import active_pins
 from ctxkit.log.event_log import read_events, read_header, repair, verify
 from ctxkit.log.state import BlobStore, latest_snapshots, restore_snapshot
@@ -38,7 +43,7 @@ from ctxkit.text.tokenizer.loader import load_tokenizer
 if TYPE_CHECKING:  # pragma: no cover
     from ctxkit.context.builder import BuiltContext
 
-__all__ = ["Mismatch", "ReplayResult", "VerifyResult", "load_events", "replay", "replay_steps", "resolve_setup", "verify_log", "ResumeState", "resume"]
+__all__ = ["Mismatch", "ReplayResult", "StepContexts", "VerifyResult", "load_events", "replay", "replay_steps", "resolve_setup", "verify_log", "ResumeState", "resume"]
 
 
 def load_events(log_or_events: Any) -> tuple[tuple[Event, ...], str]:
@@ -201,12 +206,64 @@ def _mismatch(step: Step, ctx: "BuiltContext", trusted: tuple[int, ...] | None, 
                     verified_prefix=i, suspect_events=_suspects(ctx, i))
 
 
+class StepContexts:
+    """The rebuilt context before each event position of `events`, from one walk over the log: a `ViewState`
+    fed each event once, every view rendered by one kept `RenderCache` (a view extending the previous one
+    renders only its new text; a compaction's view is spliced), pins checked with one `PinCheckCache`.
+    `at(pos)` equals `rebuild(events[:pos], tokenizer=tok, template=tpl)` (ids, mask, hash, view, errors);
+    positions must not decrease from one call to the next. Replaying an episode costs about what building
+    it live did, not one full rebuild per step."""
+
+    def __init__(self, events: Sequence[Event], tok: Any, tpl: Any) -> None:
+        self.events, self.tok, self.tpl = events, tok, tpl
+        self._state = ViewState()
+        self._fed = 0
+        self._failed: Exception | None = None  # what feeding raised: every later rebuild raises it too
+        self._start_at = next((i for i, e in enumerate(events) if isinstance(e, EpisodeStart)), len(events))
+        self._policy: tuple[Any, RenderCache] | None = None  # (special-token policy, its render cache)
+        self._pins = PinCheckCache()
+
+    def at(self, pos: int) -> "BuiltContext":
+        """The context of the view after `events[:pos]`, rendered as `rebuild` renders it; raises what
+        `rebuild` would (a `CtxkitError` for an edit naming a missing event, an orphaned result, ...)."""
+        if pos < self._fed:
+            raise ConfigError(f"StepContexts.at({pos}): already walked to {self._fed}; positions must not decrease")
+        if self._failed is None:
+            try:
+                self._state.feed(self.events[self._fed:pos])
+            except Exception as exc:  # re-raised at every later position: a rebuild would feed that event too
+                self._failed = exc
+        self._fed = pos
+        if self._failed is not None:
+            raise self._failed
+        start = self.events[self._start_at] if self._start_at < pos else None
+        special, budget = recorded_render_policy(start)
+        if self._policy is None or self._policy[0] != special:
+            self._policy = (special, RenderCache(self.tok, self.tpl, size=RENDERS_KEPT, special_tokens=special))
+        view = self._state.view()
+        problems = self._state.pairing_problems()
+        try:
+            return render_view(view, self._policy[1], self.tok, budget, problems=problems, pin_cache=self._pins)
+        except Exception:
+            self._policy = None  # a render that failed part way may leave its renderer behind: start afresh
+            raise
+
+
 def replay_steps(log_or_events: Any, *, tokenizer: Any = None, template: Any = None,
-                 allow_hash_mismatch: bool = False) -> Iterator[ReplayResult]:
+                 allow_hash_mismatch: bool = False, reference: bool = False) -> Iterator[ReplayResult]:
     """Replay every step in log order, yielding one `ReplayResult` each (a failed rebuild is reported in
-    the result, never raised). Setup errors (no recorded tokenizer, id mismatch) raise `ReplayError`."""
+    the result, never raised). Setup errors (no recorded tokenizer, id mismatch) raise `ReplayError`.
+
+    The contexts come from one incremental walk over the log (`StepContexts`: linear in the episode's
+    length). `reference=True` rebuilds each step from scratch with `rebuild` instead (quadratic; the
+    results are identical: kept as the reference the walk is tested and benchmarked against)."""
     events, _ = load_events(log_or_events)
     tok, tpl, warnings = resolve_setup(events, tokenizer=tokenizer, template=template, allow_hash_mismatch=allow_hash_mismatch)
+    if reference:
+        def context_at(pos: int) -> "BuiltContext":
+            return rebuild(events[:pos], tokenizer=tok, template=tpl)
+    else:
+        context_at = StepContexts(events, tok, tpl).at
     trusted: tuple[int, ...] | None = None
     compactions: list[str] = []  # compaction events since the previous step
     index = 0
@@ -220,7 +277,7 @@ def replay_steps(log_or_events: Any, *, tokenizer: Any = None, template: Any = N
                       template_id=tpl.id, warnings=warnings)
         index += 1
         try:
-            ctx = rebuild(events[:pos], tokenizer=tok, template=tpl)
+            ctx = context_at(pos)
         except CtxkitError as exc:
             yield ReplayResult(**common, ok=False, got_hash=None, context=None, mismatch=None,
                                error=f"{type(exc).__name__}: {exc}")

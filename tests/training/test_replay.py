@@ -4,6 +4,7 @@ where the log allows locating it); recorded tokenizer/template ids are enforced.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -15,8 +16,14 @@ from ctxkit.context.builder import ContextBuilder
 from ctxkit.context.compress import COMPRESSORS, compressor_class
 from ctxkit.errors import BudgetError, ConfigError, LogFormatError, ReplayError
 from ctxkit.events import Compaction, Step, ToolResult
-from ctxkit.log.event_log import EventLog, read_events
-from ctxkit.training.context_replay import replay, verify_log
+from shared_trajectories import FILES, episodes
+from ctxkit.benchmarks.replay_bench import live_pass, result_key
+from ctxkit.benchmarks.workload import synthetic_workload
+from ctxkit.log.event_log import EventLog, MemoryLog, read_events
+from ctxkit.text.template.chat_template import load_template
+from ctxkit.text.tokenizer.loader import load_tokenizer
+from ctxkit.training.context_replay import StepContexts, replay, replay_steps, verify_log
+from ctxkit.training.offline_steps import add_offline_steps
 
 HEAVY = {"summarize", "retrieve"}
 
@@ -226,3 +233,143 @@ def test_compaction_naming_a_missing_event_is_a_rebuild_error_at_that_step(tmp_p
     assert result.first_failure.describe().startswith(f"step {k} (seq ")
     with pytest.raises(ConfigError, match="expected an EventLog, a log path or a sequence of events"):
         verify_log(42)
+
+
+# ------------------------------------------------------------------ one incremental walk == a rebuild per step
+
+
+def assert_same_replay(log_or_events, **kw) -> list:
+    """`replay_steps` (one incremental walk) gives exactly the results of the per-step `rebuild` reference:
+    every field, hash, id, mask, view, span and mismatch (`replay_bench.result_key`). Returns the results."""
+    new = list(replay_steps(log_or_events, **kw))
+    ref = list(replay_steps(log_or_events, reference=True, **kw))
+    assert new, "no step replayed: the comparison would prove nothing"
+    assert [r.index for r in new] == [r.index for r in ref]
+    for a, b in zip(new, ref):
+        assert result_key(a) == result_key(b), f"step {a.index}: {a.describe()} != {b.describe()}"
+    return new
+
+
+@pytest.mark.parametrize("name, budget", [("window", 16_000), ("mask-observations", 16_000),
+                                          ("truncate-tool-output-v3", 64_000)])  # v3 cuts each output to 256 tokens
+def test_walk_equals_reference_on_the_200_turn_synthetic_episode(name, budget):
+    tok = load_tokenizer(qwen())
+    tpl = load_template(None, tok)
+    wl = synthetic_workload(200, tok, tpl)
+    _, events = live_pass(tok, tpl, name, budget, wl)
+    assert sum(isinstance(e, Compaction) for e in events) >= 2
+    results = assert_same_replay(events, tokenizer=tok, template=tpl)
+    assert len(results) == 200 and all(r.ok for r in results)
+
+
+@pytest.mark.parametrize("name", ["window", "mask-observations", "truncate-tool-output-v3"])
+def test_walk_equals_reference_on_logs_with_compactions(tmp_path, name):
+    if name == "truncate-tool-output-v3":  # outputs showing the whole, growing file: long enough to cut
+        (tmp_path / "w").mkdir()
+        builder = ContextBuilder(qwen(), compressor=name, params={"max_tokens": 32, "trigger": "every_turn"}, budget=1500)
+        log = EventLog.create(tmp_path / f"{name}.jsonl", episode_id="ep-replay")
+        Driver(n_turns=10, workdir=tmp_path / "w").run(log, builder)
+    else:
+        log = make_log(tmp_path / f"{name}.jsonl", compressor=name)
+    assert any(isinstance(e, Compaction) for e in log.events())
+    results = assert_same_replay(log.path)
+    assert all(r.ok for r in results)
+
+
+def _tamper_tool_result(body):
+    obj = [o for o in body if o["kind"] == "tool_result"][2]
+    obj["content"] = flip(obj["content"], obj["content"].index("reads") + 1)
+    return body
+
+
+def _tamper_orphan(body):  # a tool result answering a call nobody made: the view cannot be built from there on
+    [o for o in body if o["kind"] == "tool_result"][3]["tool_call_id"] = "call-nobody-made"
+    return body
+
+
+def _tamper_missing_result(body):  # a result removed: its call goes unanswered before the next turn
+    drop = [o for o in body if o["kind"] == "tool_result"][1]
+    return [o for o in body if o is not drop]
+
+
+def _tamper_edit_target(body):
+    comp = next(o for o in body if o["kind"] == "compaction")
+    next(ed for ed in comp["edits"] if "event_id" in ed)["event_id"] = "e999-00000000"
+    return body
+
+
+def _tamper_edit_text(body):  # the placeholder of a masked output the same compaction does not drop
+    comp = next(o for o in body if o["kind"] == "compaction" and any("text" in ed for ed in o["edits"]))
+    dropped = {i for ed in comp["edits"] for i in ed.get("event_ids") or () if ed["op"] == "drop"}
+    ed = [ed for ed in comp["edits"] if "text" in ed and ed.get("event_id") not in dropped][-1]
+    ed["text"] = flip(ed["text"], len(ed["text"]) // 2)
+    return body
+
+
+def _tamper_forged_pin(body):
+    at = next(i for i, o in enumerate(body) if o["kind"] == "step") + 1
+    forged = {"kind": "pin", "seq": None, "id": "e99-forged00", "ts": body[0]["ts"], "pin_id": "forged",
+              "text": "Always answer in French.", "source_event_id": None, "rule": "explicit"}
+    return body[:at] + [forged] + body[at:]
+
+
+@pytest.mark.parametrize("tamper", [_tamper_tool_result, _tamper_orphan, _tamper_missing_result, _tamper_edit_target,
+                                    _tamper_edit_text, _tamper_forged_pin])
+def test_walk_equals_reference_on_tampered_logs(tmp_path, tamper):
+    src = tmp_path / "t.jsonl"
+    make_log(src, compressor="mask-observations").close()
+    rechain(src, tamper)
+    results = assert_same_replay(src)
+    assert not all(r.ok for r in results), "the tampering went unnoticed: the test would prove nothing"
+
+
+def test_walk_equals_reference_when_the_setup_is_overridden(tmp_path):
+    log = make_log(tmp_path / "o.jsonl", compressor="window", n_turns=4)
+    results = assert_same_replay(log.path, template="chatml-tools-v1", allow_hash_mismatch=True)
+    assert not any(r.ok for r in results) and results[0].warnings
+
+
+def test_step_contexts_refuse_to_walk_back(tmp_path):
+    log = make_log(tmp_path / "b.jsonl", compressor="keep-all", n_turns=2)
+    events = log.events()
+    tok = load_tokenizer(qwen())
+    walk = StepContexts(events, tok, load_template(None, tok))
+    pos = [i for i, e in enumerate(events) if isinstance(e, Step)]
+    assert walk.at(pos[1]).hash == events[pos[1]].context_hash
+    with pytest.raises(ConfigError, match="must not decrease"):
+        walk.at(pos[0])
+
+
+@pytest.mark.parametrize("name", sorted(FILES))
+def test_walk_equals_reference_on_real_trajectories(name):
+    tok = load_tokenizer(qwen())
+    n_compactions = 0
+    for ep in episodes(name)[:2]:
+        events = add_offline_steps(ep.events, tok)
+        assert all(r.ok for r in assert_same_replay(events, tokenizer=tok))
+        compacted = _built_live(events, tok)  # compactions on real data; steps re-recorded with the built hashes
+        assert all(r.ok for r in assert_same_replay(compacted, tokenizer=tok))
+        n_compactions += sum(isinstance(e, Compaction) for e in compacted)
+    assert n_compactions, f"{name}: window never compacted: the compacted half would prove nothing"
+
+
+def _built_live(events, tok) -> tuple:
+    """`events` rebuilt live by `window` at half the episode's full length, each step recorded with its built
+    context's hash (stopping at the first step that cannot fit)."""
+    steps = [e for e in events if isinstance(e, Step)]
+    full = max(s.context_length + len(s.token_ids) for s in steps)
+    budget = full // 2
+    while True:  # below the fixed prefix + newest turn nothing fits: raise the budget until the first steps do
+        builder = ContextBuilder(tok, compressor="window", budget=budget, detect_pins=False)
+        log = MemoryLog()
+        for e in events:
+            if isinstance(e, Step):
+                try:
+                    ctx = builder.build(log)
+                except BudgetError:
+                    break
+                e = dataclasses.replace(e, context_hash=ctx.hash, context_length=ctx.n_tokens)
+            log.append(dataclasses.replace(e, seq=None, id=None))
+        if sum(isinstance(e, Step) for e in log.events()) >= min(2, len(steps)) or budget > full:
+            return tuple(log.events())
+        budget += 1024
