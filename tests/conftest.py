@@ -20,6 +20,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+READ_TOOLS = ({"type": "function", "function": {"name": "read", "description": "Read a file.",
+                                                "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}},)
+"""The one-tool schema (`read(path)`) most builder, compressor and log tests offer."""
+
 HF_TOKENIZERS = ("qwen2.5-instruct", "qwen3", "mistral-7b-instruct-v0.3", "smollm2-135m-instruct")
 
 
@@ -69,3 +73,19 @@ def hf_tokenizer_paths() -> dict[str, Path]:
 def tiktoken_dir() -> Path:
     """The folder holding cl100k_base.tiktoken and o200k_base.tiktoken."""
     return shared_path("tiktoken")
+
+
+@pytest.fixture(scope="session")
+def tok():
+    """The Qwen2.5 tokenizer (a loaded `Tokenizer`), the default of the tests; a folder's conftest may override it."""
+    from ctxkit.text.tokenizer.loader import load_tokenizer  # lazy: loads only for tests that ask
+
+    return load_tokenizer(str(tokenizer_dir("qwen2.5-instruct")))
+
+
+@pytest.fixture(scope="session")
+def smollm_tok():
+    """The SmolLM2-135M-Instruct tokenizer, the tokenizer of the real causal LM the tests run."""
+    from ctxkit.text.tokenizer.loader import load_tokenizer  # lazy: loads only for tests that ask
+
+    return load_tokenizer(str(tokenizer_dir("smollm2-135m-instruct")))

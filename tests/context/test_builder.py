@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import tokenizer_dir
+from conftest import READ_TOOLS, tokenizer_dir
 from ctxkit.context.builder import BuiltContext, ContextBuilder, rebuild
 from ctxkit.edits import DropEdit
 from ctxkit.errors import BudgetError, ConfigError, InvariantError, MessageFormatError, PinViolationError, ReplayError
@@ -12,16 +12,8 @@ from ctxkit.events import Compaction, EpisodeStart, Message, Pin, Step, ToolCall
 from ctxkit.log.event_log import EventLog, MemoryLog
 from ctxkit.text.rendering.renderer import encode_assistant_turn, render
 
-TOOLS = ({"type": "function", "function": {"name": "read", "description": "Read a file.",
-                                           "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}},)
+TOOLS = READ_TOOLS
 CONSTRAINT = "Do not modify the original file."
-
-
-@pytest.fixture(scope="module")
-def tok():
-    from ctxkit.text.tokenizer.loader import load_tokenizer
-
-    return load_tokenizer(str(tokenizer_dir("qwen2.5-instruct")))
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import math
 import orjson
 import pytest
 
-from conftest import tokenizer_dir
+from conftest import READ_TOOLS
 from ctxkit.context.builder import ContextBuilder
 from ctxkit.context.compress import COMPRESSORS, compressor_defaults, make_compressor
 from ctxkit.context.compress.base import CompressorSpec
@@ -21,16 +21,8 @@ from ctxkit.events import Compaction, EpisodeStart, Message, Step, ToolCall, Too
 from ctxkit.log.event_log import MemoryLog
 from ctxkit.context.view import Provenance, apply_edits
 
-TOOLS = ({"type": "function", "function": {"name": "read", "description": "Read a file.",
-                                           "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}},)
+TOOLS = READ_TOOLS
 CONSTRAINT = "Do not modify the original file."
-
-
-@pytest.fixture(scope="module")
-def tok():
-    from ctxkit.text.tokenizer.loader import load_tokenizer
-
-    return load_tokenizer(str(tokenizer_dir("qwen2.5-instruct")))
 
 
 def output(t: int, words: int = 80) -> str:

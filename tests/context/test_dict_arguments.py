@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import require_module, tokenizer_dir
+from conftest import READ_TOOLS, require_module
 from ctxkit.context.builder import ContextBuilder, rebuild
 from ctxkit.context.compress import COMPRESSORS
 from ctxkit.events import EpisodeStart, Message, ToolCall, ToolResult, message_from_openai
@@ -18,16 +18,8 @@ from ctxkit.log.event_log import MemoryLog
 from ctxkit.text.rendering.renderer import render
 from ctxkit.context.summarizers import CallableSummarizer
 
-TOOLS = ({"type": "function", "function": {"name": "read", "description": "Read a file.",
-                                           "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}},)
+TOOLS = READ_TOOLS
 BUDGET = 700
-
-
-@pytest.fixture(scope="module")
-def tok():
-    from ctxkit.text.tokenizer.loader import load_tokenizer
-
-    return load_tokenizer(str(tokenizer_dir("qwen2.5-instruct")))
 
 
 def params_for(name: str) -> dict:

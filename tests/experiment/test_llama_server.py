@@ -29,10 +29,9 @@ def _require_engine() -> None:
 
 
 @pytest.fixture(scope="module")
-def tok():
-    from ctxkit.text.tokenizer.loader import load_tokenizer
-
-    return load_tokenizer(str(tokenizer_dir("smollm2-135m-instruct")))
+def tok(smollm_tok):
+    """SmolLM2's tokenizer: the model these agents run."""
+    return smollm_tok
 
 
 @pytest.fixture(scope="module")

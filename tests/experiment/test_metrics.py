@@ -131,3 +131,24 @@ def test_discarded_episode_has_no_loss_tokens():
     assert m["discarded"] and not m["timed_out"] and not m["completed"]
     assert (m["generated_tokens"], m["loss_tokens"]) == (2, 0)
     assert m["reward"] is None and m["quality"] == 0.0
+
+
+@pytest.mark.parametrize("events, discarded", [
+    # nothing sampled: nothing to train on, whatever the end says
+    ([EpisodeEnd(outcome="truncated", cause="wall_time", reward_kind="limit_truncation")], True),
+    # a limit truncation with steps is kept (bootstrapped), a length truncation or an unscored end is dropped
+    ([Step(token_ids=(1,)), EpisodeEnd(outcome="truncated", cause="max_steps", reward_kind="limit_truncation")], False),
+    ([Step(token_ids=(1,)), EpisodeEnd(outcome="truncated", cause="context_limit", reward_kind="length_truncation")], True),
+    ([Step(token_ids=(1,)), EpisodeEnd(outcome="truncated", cause="harness_error", reward_kind="unscored")], True),
+    ([Step(token_ids=(1,))], True),  # no end
+    ([Step(token_ids=(1,)), EpisodeEnd(outcome="terminated", cause="tool_failed", reward=0.0, reward_kind="tool_failure")],
+     False),
+])
+def test_discarded_is_the_audit_definition(events, discarded):
+    from ctxkit.training.preflight import is_discarded
+
+    steps = [e for e in events if isinstance(e, Step)]
+    end = next((e for e in events if isinstance(e, EpisodeEnd)), None)
+    m = episode_metrics(events, [_rec(10, 10, 0)] * len(steps), wall_s=1.0)
+    assert m["discarded"] is discarded is is_discarded(steps, end)
+    assert m["loss_tokens"] == (0 if discarded else m["generated_tokens"])

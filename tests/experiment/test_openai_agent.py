@@ -6,7 +6,6 @@ import copy
 
 import pytest
 
-from conftest import tokenizer_dir
 from ctxkit.errors import ConfigError, CtxkitError
 from ctxkit.events import EpisodeStart, Message
 from ctxkit.experiment.agents.base import make_agent, to_step
@@ -27,10 +26,9 @@ TOOLS = (
 
 
 @pytest.fixture(scope="module")
-def tok():
-    from ctxkit.text.tokenizer.loader import load_tokenizer
-
-    return load_tokenizer(str(tokenizer_dir("smollm2-135m-instruct")))
+def tok(smollm_tok):
+    """SmolLM2's tokenizer: the model these agents run."""
+    return smollm_tok
 
 
 @pytest.fixture(scope="module")

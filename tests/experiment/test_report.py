@@ -125,10 +125,11 @@ def test_every_table_renders_on_github_with_units_in_the_column_names():
         assert rows and all(len(r) == len(header) for r in rows), header
     time_table = next(t for t in tables if t[0][1] == "build s")
     assert time_table[0] == ["arm", "build s", "generate s (prefill / decode)", "tool s", "other s", "generated tok/s",
-                             "loss tok/s", "tool wait s p50/p90/p99", "timed out (fraction)", "discarded (fraction)",
-                             "serial s", "bound s (bottleneck)", "speedup (ratio)", "wall s p50/p90/p99"]
-    assert time_table[2] == ["a", "3", "1.2 (0.6 / 0.6)", "0.6", "1.2", "25", "3", "0.15 / 0.2 / 0.2", "0", "0.333",
-                             "6", "4.2 (build)", "1.43x", "2 / 2.8 / 2.98"]
+                             "loss tok/s", "tool wait s (mean)", "tool wait s p50/p90/p99", "timed out (fraction)",
+                             "discarded (fraction)", "serial s", "bound s (bottleneck)", "speedup (ratio)", "wall s (mean)",
+                             "wall s p50/p90/p99"]
+    assert time_table[2] == ["a", "3", "1.2 (0.6 / 0.6)", "0.6", "1.2", "25", "3", "0.15", "0.15 / 0.2 / 0.2", "0",
+                             "0.333", "6", "4.2 (build)", "1.43x", "2", "2 / 2.8 / 2.98"]
     arms_table = tables[0]
     assert arms_table[0][4:9] == ["episodes (count)", "completion (fraction)", "quality (0-1)", "violations (count)",
                                   "truncated (fraction)"]
@@ -167,3 +168,122 @@ def test_latency_plot_shows_every_stage_on_a_log_scale():
                 assert h != h  # NaN: no bar at 0 s on a log axis
     lo, hi = ax.get_ylim()
     assert lo <= 0.2 / 2 and hi >= 1.0  # prefill, decode and tool wait are inside the axis next to build
+
+
+# An arm that can never finish (every episode cut by the context window), a pinless window that fails one task,
+# and the baseline: the shape of the issue-23 run, small enough to check by hand.
+def _issue_rows(w_tokens=2900):
+    rows = []
+    for task in ("ce", "nr"):
+        for seed in range(3):
+            rows.append(_row("wp", task, seed, quality=1.0, tokens=3000, wall=1.0, tool_calls=6))
+            fails = task == "ce"
+            rows.append(_row("w", task, seed, quality=0.0 if fails else 1.0, tokens=w_tokens, wall=1.0, tool_calls=6,
+                             cause="constraint_violated" if fails else "answered"))
+            rows.append(_row("k", task, seed, quality=0.0, tokens=1000, wall=0.5, tool_calls=1, cause="context_limit",
+                             outcome="truncated"))
+    return rows
+
+
+def _cells(text, first):
+    """Cells of every table row of `text` whose first cell is `first`."""
+    return [t for table in _tables(text) for t in table[2:] if t[0] == first]
+
+
+def test_an_arm_that_cannot_complete_is_flagged_and_claims_no_saving():
+    s = summarize(_issue_rows(), baseline="wp", n_resamples=300)
+    assert s["per_arm"]["k"]["cut_short"] == {"episodes": 6, "truncated": 6, "causes": {"context_limit": 6},
+                                              "cannot_complete": True}
+    assert not s["per_arm"]["w"]["cut_short"]["cannot_complete"]
+    text = render_markdown(s, title="T")
+    arms_row, diff_row = _cells(text, "k")[0], _cells(text, "k")[2]
+    assert arms_row[-1] == "cannot complete: 6/6 episodes truncated (context_limit: 6); fewer tokens are not a saving"
+    assert _cells(text, "w")[0][-1] == "–" and _cells(text, "wp")[0][-1] == "–"
+    # quality and completion keep their intervals and stars; tokens, tool calls and wall s get no figure and no star
+    assert diff_row[1] == "-1 [-1, -1] *" and diff_row[2] == "-1 [-1, -1] *"
+    assert diff_row[4:] == ["– (cannot complete)"] * 3
+    assert "-2,000" not in text
+    # the arm that completes keeps its saving
+    assert _cells(text, "w")[2][4] == "-100 [-100, -100] *"
+
+
+def test_a_baseline_that_cannot_complete_voids_every_saving():
+    s = summarize(_issue_rows(), baseline="k", n_resamples=100)
+    text = render_markdown(s, title="T")
+    for arm in ("wp", "w"):
+        assert _cells(text, arm)[2][4:] == ["– (baseline cannot complete)"] * 3
+    assert "- The baseline `k` cannot complete: 6/6 episodes truncated" in text
+    assert "saves" not in text and "more prompt tokens" not in text
+
+
+def test_cut_short_needs_a_strict_majority():
+    from ctxkit.experiment.findings import cut_short
+
+    t = _row("x", "t", 0, quality=0, tokens=1, wall=1, cause="max_steps", outcome="truncated")
+    ok = _row("x", "t", 1, quality=1, tokens=1, wall=1)
+    assert cut_short([t, t, ok])["cannot_complete"] and not cut_short([t, ok])["cannot_complete"]
+    assert not cut_short([t, ok, ok])["cannot_complete"] and not cut_short([])["cannot_complete"]
+
+
+def test_report_opens_with_findings_computed_from_the_numbers():
+    s = summarize(_issue_rows(), baseline="wp", n_resamples=300)
+    text = render_markdown(s, title="T")
+    assert text.startswith("# T\n\n## Findings\n")
+    body = text.split("## Findings", 1)[1].split("\n## ", 1)[0]
+    lines = [line for line in body.splitlines() if line.startswith("- ")]
+    assert len(lines) == 4
+    w, k, flagged, front = lines
+    # overall -0.5 [-0.83, 0] does not exclude zero: the effect is named per task, as in the issue's run
+    assert w == "- `w`: quality on `ce` -1 [-1, -1]; saves 100 prompt tokens per episode (-100 [-100, -100], -3.3% of the baseline's)."
+    assert k == ("- `k`: quality -1 [-1, -1]; completion -1 [-1, -1]; cannot complete: 6/6 episodes truncated "
+                 "(context_limit: 6); fewer tokens are not a saving (its token, tool-call and wall-time differences "
+                 "are left out).")
+    assert "saves" not in k and "fewer tool calls" not in k
+    assert flagged.startswith("- Cannot complete") and flagged.endswith(": `k`.")
+    assert front == ("- Quality-vs-tokens frontier among arms that complete, fewest tokens first: `w` (0.5 at 2,900 "
+                     "tokens), `wp` (1 at 3,000 tokens).")
+    # deterministic, and computed: other numbers, other words
+    assert render_markdown(summarize(_issue_rows(), baseline="wp", n_resamples=300), title="T") == text
+    other = render_markdown(summarize(_issue_rows(w_tokens=2800), baseline="wp", n_resamples=300), title="T")
+    assert "saves 200 prompt tokens per episode (-200 [-200, -200], -6.7% of the baseline's)" in other
+
+
+def test_findings_without_significant_differences():
+    rows = [_row(arm, "t", seed, quality=1.0, tokens=1000, wall=1.0) for arm in ("a", "b") for seed in range(3)]
+    text = render_markdown(summarize(rows, baseline="a", n_resamples=100), title="T")
+    assert ("- `b`: no significant difference in quality, completion or violations; no significant difference in "
+            "prompt tokens, tool calls or wall time.") in text
+    assert "- Every arm completes (no arm has a majority of truncated episodes)." in text
+
+
+def test_arms_table_gives_means_beside_quantiles():
+    text = render_markdown(summarize(ROWS, baseline="a", n_resamples=50), title="T")
+    header = _tables(text)[0][0]
+    assert header[11:15] == ["prompt tokens (mean)", "prompt tokens p50/p90/p99", "peak context (mean, tokens)",
+                             "peak context p50/p90/p99 (tokens)"]
+    assert _cells(text, "a")[0][11:15] == ["2,000", "2,000 / 2,800 / 2,980", "400", "400 / 560 / 596"]
+    assert _cells(text, "b")[0][11] == "1,600"
+
+
+def test_discarded_is_worded_as_the_audit_definition():
+    text = render_markdown(summarize(ROWS, baseline="a", n_resamples=50), title="T")
+    assert "Discarded: episodes a trainer would drop from training (`ctxkit.training.preflight.is_discarded`" in text
+    assert "`ctxkit audit`'s discard_rate" in text
+
+
+def test_plot_marks_arms_that_cannot_complete_and_keeps_them_off_the_frontier():
+    pytest.importorskip("matplotlib")
+    from ctxkit.experiment.findings import frontier
+    from ctxkit.experiment.report import quality_figure
+
+    s = summarize(_issue_rows(), baseline="wp", n_resamples=50)
+    assert frontier(s) == ["w", "wp"]
+    ax = quality_figure(s).axes[0]
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels == ["wp", "w", "k (cannot complete: not a saving, off the frontier)", "frontier (arms that complete)"]
+    by_label = {c.get_label(): c for c in ax.collections}
+    hollow = by_label["k (cannot complete: not a saving, off the frontier)"]
+    assert len(hollow.get_facecolors()) == 0 or hollow.get_facecolors()[0][3] == 0
+    assert by_label["wp"].get_facecolors()[0][3] > 0
+    (line,) = ax.lines
+    assert list(line.get_xdata()) == [2900, 3000] and list(line.get_ydata()) == [0.5, 1.0]
