@@ -52,7 +52,10 @@ __all__ = ["TrainingSample", "EpisodeMeta", "assemble_samples", "compressed_samp
 
 @dataclass(frozen=True)
 class TrainingSample:
-    """One training sequence: tokens, which of them the policy sampled, and how they were sampled."""
+    """One training sequence: tokens, which of them the policy sampled, and how they were sampled.
+
+    Its file columns (Parquet/JSONL) are declared once in `ctxkit.training.sample_schema.SAMPLE_COLUMNS`;
+    a field added here must be added there (or to its `NOT_COLUMNS`), which its tests check."""
 
     episode_id: str
     """The episode this sample comes from."""
@@ -105,8 +108,8 @@ class TrainingSample:
     compactions: tuple[Mapping[str, Any], ...] = ()
     """`compressed_samples` only: the events the rebuild appended before this sample's steps (compactions,
     detected pins), as `events.event_to_dict` records plus `before_step_seq` (the source seq of the step
-    whose context they shaped). Empty for samples of the recorded contexts. Not a Parquet column (the
-    Parquet export keeps them in its file metadata, see `ctxkit.training.sample_files`)."""
+    whose context they shaped). Empty for samples of the recorded contexts. Not a file column (the
+    Parquet export keeps them in its file metadata: `ctxkit.training.sample_schema.NOT_COLUMNS`)."""
 
     @property
     def logprob_kind(self) -> str | None:
@@ -120,6 +123,11 @@ class TrainingSample:
     def token_policy_versions(self) -> tuple[str | int | None, ...]:
         """Per token: the policy version that sampled it (None where the mask is 0)."""
         return tuple(self.policy_versions[i] if i >= 0 else None for i in self.token_step)
+
+    @property
+    def n_tokens(self) -> int:
+        """Length of the full sequence (`len(token_ids)`)."""
+        return len(self.token_ids)
 
     @property
     def n_sampled(self) -> int:

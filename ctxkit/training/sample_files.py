@@ -6,39 +6,14 @@ tokens from `stored_from = prefix_len` on; those prefix tokens are always prompt
 nothing is lost, and `read_samples` rebuilds full samples. Pass `inline_prefixes=True` for self-contained
 rows (`stored_from = 0`; `prefix_sample`/`prefix_len` still say what is shared).
 
-Parquet schema (`PARQUET_SCHEMA`; the JSONL records have the same keys, with `sampling` as objects and
-`policy_versions` as native JSON values instead of JSON text):
+Columns: `ctxkit.training.sample_schema.SAMPLE_COLUMNS`, the one declaration of their names, order, Arrow
+types and meanings (`PARQUET_SCHEMA` here is its `(name, type)` pairs; `parquet_schema()` the Arrow schema,
+`datasets_features()` the `datasets` features). The JSONL records have the same keys, with `sampling` as
+objects and `policy_versions` as native JSON values instead of JSON text.
 
-| column | type | meaning |
-|---|---|---|
-| `episode_id` | string | episode the sample comes from |
-| `sample_index` | int32 | position among the episode's samples |
-| `prefix_sample` | int32, null | `sample_index` of the earlier sample sharing the first `prefix_len` tokens |
-| `prefix_len` | int32 | length of that shared prefix (0 when none) |
-| `stored_from` | int32 | position in the full sample of the first stored token (`prefix_len`, or 0 inline) |
-| `n_tokens` | int32 | length of the full sample |
-| `prompt_len` | int32 | length of the first step's context |
-| `token_ids` | list<int32> | tokens `[stored_from:]` |
-| `loss_mask` | list<int8> | 1 on sampled tokens, aligned with `token_ids` |
-| `logprobs` | list<float64> | behaviour log-prob on sampled tokens, null elsewhere |
-| `token_step` | list<int32> | per token: index into `step_seqs` of the sampling step, -1 elsewhere |
-| `step_seqs` | list<int32> | log seq of each merged step |
-| `logprob_kinds` | list<string> | per step: `raw` / `processed` / `recomputed` (null if unknown) |
-| `logprob_kind` | string, null | the common kind, `mixed`, or null |
-| `sampling` | list<string> | per step: sampling config as JSON text |
-| `policy_versions` | list<string> | per step: policy version as JSON text (`7`, `"ckpt-3"`, `null`) |
-| `finish_reasons` | list<string> | per step finish reason |
-| `context_hashes` | list<string> | per step verified context hash |
-| `reward` | float64, null | episode reward (null: unscored / no end) |
-| `reward_kind` | string | provenance: one of `events.REWARD_KINDS` |
-| `outcome` | string, null | `terminated` / `truncated` (null: no end event) |
-| `cause` | string | why the episode ended |
-| `is_final` | bool | holds the episode's last step |
-| `template_id`, `tokenizer_id`, `compressor` | string | how the contexts were built |
-
-File metadata (Parquet only; the columns above are the same for every export): `ctxkit` =
-`training-samples-v1`; `ctxkit-info`, JSON given by the writer (`ctxkit samples` records the sources and,
-with `--compressor`, the compressor, its parameters and the budget); `ctxkit-compactions`, JSON list of
+File metadata (Parquet only; the columns are the same for every export): `ctxkit` = `training-samples-v1`
+(`sample_schema.FILE_VERSION`); `ctxkit-info`, JSON given by the writer (`ctxkit samples` records the sources
+and, with `--compressor`, the compressor, its parameters and the budget); `ctxkit-compactions`, JSON list of
 `[episode_id, sample_index, compactions]` for samples rebuilt under another compressor
 (`TrainingSample.compactions`; `read_samples` restores them). `parquet_info(path)` reads both.
 """
@@ -51,89 +26,33 @@ from typing import Any, Iterable, Mapping
 
 from ctxkit.errors import ConfigError, LogFormatError
 from ctxkit.training.episode_samples import TrainingSample
+from ctxkit.training.sample_schema import (FILE_VERSION, SAMPLE_COLUMNS, from_parquet_row, record_to_sample,
+                                           sample_to_record, to_parquet_row)
 
-__all__ = ["PARQUET_SCHEMA", "parquet_info", "parquet_schema", "read_samples", "sample_to_record", "write_jsonl", "write_parquet", "write_samples"]
+__all__ = ["PARQUET_SCHEMA", "datasets_features", "parquet_info", "parquet_schema", "read_samples", "sample_to_record",
+           "write_jsonl", "write_parquet", "write_samples"]
 
-PARQUET_SCHEMA: tuple[tuple[str, str], ...] = (
-    ("episode_id", "string"),
-    ("sample_index", "int32"),
-    ("prefix_sample", "int32"),
-    ("prefix_len", "int32"),
-    ("stored_from", "int32"),
-    ("n_tokens", "int32"),
-    ("prompt_len", "int32"),
-    ("token_ids", "list<int32>"),
-    ("loss_mask", "list<int8>"),
-    ("logprobs", "list<float64>"),
-    ("token_step", "list<int32>"),
-    ("step_seqs", "list<int32>"),
-    ("logprob_kinds", "list<string>"),
-    ("logprob_kind", "string"),
-    ("sampling", "list<string>"),
-    ("policy_versions", "list<string>"),
-    ("finish_reasons", "list<string>"),
-    ("context_hashes", "list<string>"),
-    ("reward", "float64"),
-    ("reward_kind", "string"),
-    ("outcome", "string"),
-    ("cause", "string"),
-    ("is_final", "bool"),
-    ("template_id", "string"),
-    ("tokenizer_id", "string"),
-    ("compressor", "string"),
-)
-"""Column name -> Arrow type, in order (see the module docstring for meanings)."""
+PARQUET_SCHEMA: tuple[tuple[str, str], ...] = tuple((c.name, c.arrow) for c in SAMPLE_COLUMNS)
+"""Column name -> Arrow type, in order: `sample_schema.SAMPLE_COLUMNS` as pairs."""
 
 
 def parquet_schema():
-    """The `pyarrow.Schema` of the Parquet export."""
+    """The `pyarrow.Schema` of the Parquet export (from `sample_schema.SAMPLE_COLUMNS`)."""
     import pyarrow as pa  # lazy: pyarrow loads on first use
 
     scalar = {"string": pa.string(), "int32": pa.int32(), "int8": pa.int8(), "float64": pa.float64(), "bool": pa.bool_()}
     fields = []
-    for name, typ in PARQUET_SCHEMA:
-        if typ.startswith("list<"):
-            fields.append(pa.field(name, pa.list_(scalar[typ[5:-1]])))
-        else:
-            fields.append(pa.field(name, scalar[typ]))
-    return pa.schema(fields, metadata={b"ctxkit": b"training-samples-v1"})
+    for col in SAMPLE_COLUMNS:
+        typ = pa.list_(scalar[col.arrow[5:-1]]) if col.is_list else scalar[col.arrow]
+        fields.append(pa.field(col.name, typ))  # nullable, as in every v1 file (`Column.nullable` is the contract)
+    return pa.schema(fields, metadata={b"ctxkit": FILE_VERSION.encode()})
 
 
-def sample_to_record(sample: TrainingSample, *, inline_prefixes: bool = False) -> dict[str, Any]:
-    """One JSON-able record (the JSONL form) of a sample, storing tokens from `stored_from` on."""
-    start = 0 if inline_prefixes else sample.prefix_len
-    return {
-        "episode_id": sample.episode_id,
-        "sample_index": sample.sample_index,
-        "prefix_sample": sample.prefix_sample,
-        "prefix_len": sample.prefix_len,
-        "stored_from": start,
-        "n_tokens": len(sample.token_ids),
-        "prompt_len": sample.prompt_len,
-        "token_ids": list(sample.token_ids[start:]),
-        "loss_mask": list(sample.loss_mask[start:]),
-        "logprobs": list(sample.logprobs[start:]),
-        "token_step": list(sample.token_step[start:]),
-        "step_seqs": list(sample.step_seqs),
-        "logprob_kinds": list(sample.logprob_kinds),
-        "logprob_kind": sample.logprob_kind,
-        "sampling": [dict(s) for s in sample.sampling],
-        "policy_versions": list(sample.policy_versions),
-        "finish_reasons": list(sample.finish_reasons),
-        "context_hashes": list(sample.context_hashes),
-        "reward": sample.reward,
-        "reward_kind": sample.reward_kind,
-        "outcome": sample.outcome,
-        "cause": sample.cause,
-        "is_final": sample.is_final,
-        "template_id": sample.template_id,
-        "tokenizer_id": sample.tokenizer_id,
-        "compressor": sample.compressor,
-    }
+def datasets_features():
+    """The `datasets.Features` of a Parquet export as `datasets` loads it (from `parquet_schema()`)."""
+    from datasets import Features  # lazy: datasets loads on first use
 
-
-def _dumps(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, ensure_ascii=False)
+    return Features.from_arrow_schema(parquet_schema())
 
 
 def write_parquet(samples: Iterable[TrainingSample], path, *, inline_prefixes: bool = False,
@@ -153,12 +72,7 @@ def write_parquet(samples: Iterable[TrainingSample], path, *, inline_prefixes: b
         extra[b"ctxkit-compactions"] = json.dumps(compactions, sort_keys=True, ensure_ascii=False).encode()
     if extra:
         schema = schema.with_metadata({**schema.metadata, **extra})
-    rows = []
-    for s in samples:
-        rec = sample_to_record(s, inline_prefixes=inline_prefixes)
-        rec["sampling"] = [_dumps(x) for x in rec["sampling"]]
-        rec["policy_versions"] = [_dumps(x) for x in rec["policy_versions"]]
-        rows.append(rec)
+    rows = [to_parquet_row(sample_to_record(s, inline_prefixes=inline_prefixes)) for s in samples]
     table = pa.Table.from_pylist(rows, schema=schema)
     path = Path(path)
     pq.write_table(table, path)
@@ -192,11 +106,7 @@ def _records(path: Path) -> list[dict[str, Any]]:
     if suffix == ".parquet":
         import pyarrow.parquet as pq  # lazy: pyarrow loads on first use
 
-        rows = pq.read_table(path).to_pylist()
-        for r in rows:
-            r["sampling"] = [json.loads(x) for x in r["sampling"]]
-            r["policy_versions"] = [json.loads(x) for x in r["policy_versions"]]
-        return rows
+        return [from_parquet_row(r) for r in pq.read_table(path).to_pylist()]
     if suffix in (".jsonl", ".ndjson"):
         rows = []
         with open(path, encoding="utf-8") as fh:
@@ -243,37 +153,10 @@ def read_samples(path) -> list[TrainingSample]:
                     path=str(path),
                 )
             prefix = ref[:start]
-        ids = prefix + tuple(r["token_ids"])
-        if len(ids) != r["n_tokens"]:
-            raise LogFormatError(f"row {n}: rebuilt {len(ids)} tokens, the row says {r['n_tokens']}", path=str(path))
-        full[key] = ids
-        out.append(
-            TrainingSample(
-                episode_id=r["episode_id"],
-                sample_index=r["sample_index"],
-                token_ids=ids,
-                loss_mask=(0,) * start + tuple(r["loss_mask"]),
-                logprobs=(None,) * start + tuple(r["logprobs"]),
-                token_step=(-1,) * start + tuple(r["token_step"]),
-                prompt_len=r["prompt_len"],
-                step_seqs=tuple(r["step_seqs"]),
-                logprob_kinds=tuple(r["logprob_kinds"]),
-                sampling=tuple(r["sampling"]),
-                policy_versions=tuple(r["policy_versions"]),
-                finish_reasons=tuple(r["finish_reasons"]),
-                context_hashes=tuple(r["context_hashes"]),
-                prefix_sample=r["prefix_sample"],
-                prefix_len=r["prefix_len"],
-                reward=r["reward"],
-                reward_kind=r["reward_kind"],
-                outcome=r["outcome"],
-                cause=r["cause"],
-                is_final=r["is_final"],
-                template_id=r["template_id"],
-                tokenizer_id=r["tokenizer_id"],
-                compressor=r["compressor"],
-                compactions=compactions.get(key, ()),
-            )
-        )
+        sample = record_to_sample(r, prefix=prefix, compactions=compactions.get(key, ()))
+        if sample.n_tokens != r["n_tokens"]:
+            raise LogFormatError(f"row {n}: rebuilt {sample.n_tokens} tokens, the row says {r['n_tokens']}",
+                                 path=str(path))
+        full[key] = sample.token_ids
+        out.append(sample)
     return out
-
