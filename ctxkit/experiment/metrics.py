@@ -3,6 +3,10 @@
 `episode_metrics(events, steps, wall_s)` turns an episode's events plus the runner's per-step measurements
 into one results row. Everything except the `timing` sub-dict is a deterministic function of the episode
 (same config, same row); `timing` holds wall-clock seconds and is left out when rows are compared.
+
+`discarded` (and `loss_tokens` 0) follows `ctxkit.training.preflight.is_discarded`, the definition
+`ctxkit audit` uses for its discard rate: an episode a trainer drops (no sampled step, no end, an unscored
+end, or a length truncation). Limit truncations (`max_steps`, `wall_time`) are kept.
 """
 
 from __future__ import annotations
@@ -14,14 +18,12 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ctxkit.events import Compaction, EpisodeEnd, Event, Pin, Step, ToolResult
+from ctxkit.training.preflight import is_discarded
 
-__all__ = ["StepRecord", "common_prefix", "episode_metrics", "TIMING_KEY", "DISCARD_CAUSES", "TIMEOUT_CAUSES"]
+__all__ = ["StepRecord", "common_prefix", "episode_metrics", "TIMING_KEY", "TIMEOUT_CAUSES"]
 
 TIMING_KEY = "timing"
 """Row key of the non-deterministic wall-clock fields."""
-
-DISCARD_CAUSES: frozenset[str] = frozenset({"context_budget", "context_limit", "max_new_tokens", "harness_error"})
-"""End causes whose episode a trainer would drop (overlong or broken rollouts)."""
 
 TIMEOUT_CAUSES: frozenset[str] = frozenset({"wall_time", "tool_timeout"})
 """End causes that are timeouts."""
@@ -88,6 +90,7 @@ def episode_metrics(events: Sequence[Event], steps: Sequence[StepRecord], *, wal
     generated = sum(len(s.token_ids) for s in step_events)
     scores: Mapping[str, Any] = end.scores if end is not None else {}
     cause = end.cause if end is not None else "harness_error"
+    discarded = is_discarded(step_events, end)  # the one definition, shared with `ctxkit audit`'s discard_rate
     total_prompt = int(sum(prompt))
     tool_waits = [float(r.duration_s or 0.0) for r in results]
     timing = {
@@ -108,7 +111,7 @@ def episode_metrics(events: Sequence[Event], steps: Sequence[StepRecord], *, wal
         "quality": float(scores.get("quality", 0.0) or 0.0),
         "violations": int(scores.get("violations", 0) or 0),
         "completed": end is not None and end.outcome == "terminated" and cause in ("answered", "constraint_violated"),
-        "discarded": cause in DISCARD_CAUSES,
+        "discarded": discarded,
         "timed_out": cause in TIMEOUT_CAUSES,
         "steps": len(step_events),
         "tool_calls": n_calls,
@@ -123,6 +126,6 @@ def episode_metrics(events: Sequence[Event], steps: Sequence[StepRecord], *, wal
         "compression_ratio": (sum(full) / total_prompt) if total_prompt else 1.0,
         "prefix_reuse": (sum(r.reused_prefix for r in steps) / total_prompt) if total_prompt else 0.0,
         "generated_tokens": generated,
-        "loss_tokens": 0 if cause in DISCARD_CAUSES else generated,
+        "loss_tokens": 0 if discarded else generated,
         TIMING_KEY: timing,
     }

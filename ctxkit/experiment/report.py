@@ -7,6 +7,11 @@ reads `results.jsonl` and `run.json` and writes `report.md`, `quality_vs_tokens.
 Every table goes through `markdown_table`, which refuses a row whose cell count differs from the header's
 (GitHub renders no table at all then). Column names carry their unit: `(fraction)` for a share of episodes
 in [0, 1], `(count)` for a number of things, `s` for seconds, `(mean)` for a per-episode mean.
+
+The report opens with findings computed from the numbers (`ctxkit.experiment.findings`). An arm most of whose
+episodes a limit cut (`findings.cut_short`) cannot complete: the Arms table notes it, its cost differences
+(prompt tokens, tool calls, wall s) carry no figure and no star, and the plot draws it hollow, off the frontier.
+"Discarded" is `ctxkit.training.preflight.is_discarded`, the definition `ctxkit audit` uses.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ctxkit.errors import ConfigError
+from ctxkit.experiment.findings import (COST_LABELS, completion_note, cut_short, findings, fmt_ci, fmt_number,
+                                        frontier, savings_comparable)
 from ctxkit.experiment.run_folder import read_rows, read_run_info
 from ctxkit.experiment.stats import paired_bootstrap, quantiles, rate, stage_bound
 
@@ -112,9 +119,12 @@ def summarize(
             "prompt_tokens_total": quantiles([r["prompt_tokens_total"] for r in rs]),
             "prompt_tokens_mean": float(np.mean([r["prompt_tokens_total"] for r in rs])),
             "peak_context": quantiles([r["peak_context"] for r in rs]),
+            "peak_context_mean": float(np.mean([r["peak_context"] for r in rs])),
+            "cut_short": cut_short(rs),
             "compression_ratio": float(np.mean([r["compression_ratio"] for r in rs])),
             "prefix_reuse": float(np.mean([r["prefix_reuse"] for r in rs])),
             "wall_s": quantiles([x["wall_s"] for x in t]),
+            "wall_s_mean": float(np.mean([x["wall_s"] for x in t])),
             "time": {
                 "build_s": stages["build"], "generate_s": gen_s, "prefill_s": sum(x["prefill_s"] for x in t),
                 "decode_s": sum(x["decode_s"] for x in t), "tool_s": stages["tool"], "other_s": sum(x["other_s"] for x in t),
@@ -122,6 +132,7 @@ def summarize(
                 "generated_tok_per_s": (sum(r["generated_tokens"] for r in rs) / gen_s) if gen_s > 0 else None,
                 "loss_tok_per_s": (sum(r["loss_tokens"] for r in rs) / wall) if wall > 0 else None,
                 "tool_wait": quantiles(waits),
+                "tool_wait_mean": float(np.mean(waits)) if waits else None,
                 "timeout_rate": rate([bool(r["timed_out"]) for r in rs]),
                 "discard_rate": rate([bool(r["discarded"]) for r in rs]),
                 "serial_s": bound.serial_s, "bound_s": bound.bound_s, "speedup": bound.speedup,
@@ -160,21 +171,7 @@ def summarize(
             "baseline": baseline, "n_episodes": len(rows), "confidence": confidence, "n_resamples": n_resamples}
 
 
-def _f(x: Any, digits: int = 3) -> str:
-    """A number for a table: thousands separators, `digits` decimals without trailing zeros."""
-    if x is None:
-        return "–"
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        return str(x)
-    x = float(x)
-    if x == 0:
-        return "0"
-    if abs(x) < 1e-3:
-        return f"{x:.2g}"
-    if abs(x) >= 1000 or digits == 0:
-        return f"{x:,.0f}"
-    text = f"{x:,.{digits}f}"
-    return text.rstrip("0").rstrip(".") if "." in text else text
+_f = fmt_number
 
 
 def _q(q: Mapping[str, Any], digits: int = 3) -> str:
@@ -204,21 +201,25 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list
 def render_markdown(summary: Mapping[str, Any], *, title: str, run_dir: str = ".", notes: Sequence[str] = ()) -> str:
     """The report text for a `summarize` result."""
     arms, per, base = summary["arms"], summary["per_arm"], summary["baseline"]
-    out = [f"# {title}", ""]
+    out = [f"# {title}", ""] + findings(summary)
     out += [f"{summary['n_episodes']} episodes, {len(arms)} arms, baseline `{base}`. "
             "Pairs are the same task and seed under two arms; intervals are paired percentile bootstraps "
             f"({summary.get('n_resamples')} resamples, {int(100 * summary.get('confidence', 0.95))}%).", ""]
     out += list(notes) + ([""] if notes else [])
-    out += ["## Arms", "", "Per episode: tool calls and re-queries are means (count per episode), tokens are "
-            "p50/p90/p99 over episodes; violations is the total count over the arm's episodes.", ""]
+    out += ["## Arms", "", "Per episode: tool calls and re-queries are means (count per episode), tokens are the "
+            "mean beside p50/p90/p99 over episodes; violations is the total count over the arm's episodes. An arm "
+            "with a majority of truncated episodes cannot complete (see note): its episodes stop early, so its "
+            "token counts are not savings.", ""]
     out += markdown_table(
         ["arm", "compressor", "pins", "budget (tokens)", "episodes (count)", "completion (fraction)", "quality (0-1)",
-         "violations (count)", "truncated (fraction)", "tool calls (mean)", "re-queries (mean)",
-         "prompt tokens p50/p90/p99", "peak context p50/p90/p99 (tokens)", "compression (ratio)", "prefix reuse (fraction)"],
+         "violations (count)", "truncated (fraction)", "tool calls (mean)", "re-queries (mean)", "prompt tokens (mean)",
+         "prompt tokens p50/p90/p99", "peak context (mean, tokens)", "peak context p50/p90/p99 (tokens)",
+         "compression (ratio)", "prefix reuse (fraction)", "note"],
         [[a, _comp(per[a]["compressor"]), "on" if per[a]["pins_detection"] else "off", str(per[a]["budget"]), str(per[a]["n"]),
           _f(per[a]["completion"]), _f(per[a]["quality"]), str(per[a]["violations"]), _f(per[a]["truncated"]),
-          _f(per[a]["tool_calls"], 2), _f(per[a]["repeated_tool_calls"], 2), _q(per[a]["prompt_tokens_total"], 0),
-          _q(per[a]["peak_context"], 0), f"{_f(per[a]['compression_ratio'], 2)}x", _f(per[a]["prefix_reuse"], 2)]
+          _f(per[a]["tool_calls"], 2), _f(per[a]["repeated_tool_calls"], 2), _f(per[a]["prompt_tokens_mean"], 0),
+          _q(per[a]["prompt_tokens_total"], 0), _f(per[a]["peak_context_mean"], 0), _q(per[a]["peak_context"], 0),
+          f"{_f(per[a]['compression_ratio'], 2)}x", _f(per[a]["prefix_reuse"], 2), completion_note(per[a]) or "–"]
          for a in arms])
     out += ["", "## Ends", ""]
     out += markdown_table(["arm", "outcome/cause: episodes (count)"],
@@ -230,11 +231,16 @@ def render_markdown(summary: Mapping[str, Any], *, title: str, run_dir: str = ".
         cells = [a]
         for label in labels:
             ci = d[label]
-            star = " *" if ci.excludes_zero() else ""
-            cells.append("–" if ci.mean_diff is None else f"{_f(ci.mean_diff, 3)} [{_f(ci.low, 3)}, {_f(ci.high, 3)}]{star}")
+            if label in COST_LABELS and not savings_comparable(summary, a):
+                who = "cannot complete" if per[a]["cut_short"]["cannot_complete"] else "baseline cannot complete"
+                cells.append(f"– ({who})")
+            else:
+                cells.append(fmt_ci(ci) + (" *" if ci.excludes_zero() else ""))
         diff_rows.append(cells)
     out += markdown_table(["arm"] + [_HEADINGS.get(label, label) for label in labels], diff_rows)
-    out += ["", "`*`: the interval excludes zero.", "", "## Quality per task", "",
+    out += ["", "`*`: the interval excludes zero. `– (cannot complete)`: most of the arm's (or the baseline's) episodes "
+            "were truncated, so fewer tokens, tool calls or seconds are not a saving and get no figure.", "",
+            "## Quality per task", "",
             f"Mean quality (0-1); below it, the paired difference against `{base}` on that task's seeds, with its CI.", ""]
     task_rows = []
     for task, qs in summary["per_task"].items():
@@ -260,17 +266,20 @@ def render_markdown(summary: Mapping[str, Any], *, title: str, run_dir: str = ".
         t = per[a]["time"]
         time_rows.append([
             a, _f(t["build_s"]), f"{_f(t['generate_s'])} ({_f(t['prefill_s'])} / {_f(t['decode_s'])})", _f(t["tool_s"]),
-            _f(t["other_s"]), _f(t["generated_tok_per_s"], 0), _f(t["loss_tok_per_s"], 0), _q(t["tool_wait"], 5),
+            _f(t["other_s"]), _f(t["generated_tok_per_s"], 0), _f(t["loss_tok_per_s"], 0), _f(t["tool_wait_mean"], 5), _q(t["tool_wait"], 5),
             _f(t["timeout_rate"]), _f(t["discard_rate"]), _f(t["serial_s"]), f"{_f(t['bound_s'])} ({t['bottleneck']})",
-            f"{_f(t['speedup'], 2)}x", _q(per[a]["wall_s"]),
+            f"{_f(t['speedup'], 2)}x", _f(per[a]["wall_s_mean"]), _q(per[a]["wall_s"]),
         ])
     out += markdown_table(
         ["arm", "build s", "generate s (prefill / decode)", "tool s", "other s", "generated tok/s", "loss tok/s",
-         "tool wait s p50/p90/p99", "timed out (fraction)", "discarded (fraction)", "serial s", "bound s (bottleneck)",
-         "speedup (ratio)", "wall s p50/p90/p99"], time_rows)
-    out += ["", "Discarded: ends a trainer would drop (over the context budget or window, cut by the generation "
-            "limit). Timeouts: wall-time truncations and tool timeouts. Loss tokens/s counts sampled tokens of kept "
-            "episodes over wall time.", "",
+         "tool wait s (mean)", "tool wait s p50/p90/p99", "timed out (fraction)", "discarded (fraction)", "serial s",
+         "bound s (bottleneck)", "speedup (ratio)", "wall s (mean)", "wall s p50/p90/p99"], time_rows)
+    out += ["", "Discarded: episodes a trainer would drop from training (`ctxkit.training.preflight.is_discarded`, the "
+            "same definition as `ctxkit audit`'s discard_rate): no sampled step, no end, an unscored end (a harness "
+            "error), or a length truncation (over the context budget or window, cut by the generation limit). Limit "
+            "truncations (max steps, wall time) are kept: their steps train with a bootstrapped value. Timeouts: "
+            "wall-time truncations and tool timeouts. Loss tokens/s counts sampled tokens of kept episodes over wall "
+            "time.", "",
             "## Replaying these contexts", "",
             f"Every episode's event log is `{run_dir}/episodes/<arm>/<task>-<seed>.jsonl` (`log` in `results.jsonl`). "
             "Every step's context is a pure function of its log, so each one can be rebuilt and checked token for "
@@ -304,19 +313,33 @@ def stage_seconds(summary: Mapping[str, Any]) -> dict[str, dict[str, float]]:
 
 
 def quality_figure(summary: Mapping[str, Any]) -> Any:
-    """Quality against prompt tokens per episode, one point per arm (a matplotlib Figure)."""
+    """Quality against prompt tokens per episode, one point per arm (a matplotlib Figure). Arms that cannot
+    complete are drawn hollow and labelled so; the dashed frontier (`findings.frontier`) joins only arms that do."""
     plt = _pyplot()
     arms, per = summary["arms"], summary["per_arm"]
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     markers = "osD^vP*Xh<>"
     for i, a in enumerate(arms):
         x, y = per[a]["prompt_tokens_mean"], per[a]["quality"]
-        ax.scatter([x], [y], s=70, marker=markers[i % len(markers)], label=a, alpha=0.85)
+        color = f"C{i % 10}"
+        if per[a]["cut_short"]["cannot_complete"]:
+            ax.scatter([x], [y], s=70, marker=markers[i % len(markers)], facecolors="none", edgecolors=color,
+                       linewidths=1.5, label=f"{a} (cannot complete: not a saving, off the frontier)")
+        else:
+            ax.scatter([x], [y], s=70, marker=markers[i % len(markers)], color=color, label=a, alpha=0.85)
+    front = frontier(summary)
+    if front:  # a staircase: the best quality reached at each token count, run on to the largest arm's tokens
+        xs, ys = [per[a]["prompt_tokens_mean"] for a in front], [per[a]["quality"] for a in front]
+        right = max(per[a]["prompt_tokens_mean"] for a in arms)
+        if right > xs[-1]:
+            xs, ys = xs + [right], ys + [ys[-1]]
+        ax.plot(xs, ys, ls="--", lw=1, color="0.4", drawstyle="steps-post", label="frontier (arms that complete)",
+                zorder=0)
     ax.legend(fontsize=8, loc="best")
     ax.set_xlabel("prompt tokens per episode (mean, all steps)")
     ax.set_ylabel("quality (mean)")
     ax.set_ylim(-0.05, 1.1)
-    ax.set_title("Quality vs tokens per arm")
+    ax.set_title("Quality vs tokens per arm (hollow: cannot complete)")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     return fig

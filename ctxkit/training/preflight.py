@@ -30,8 +30,9 @@ importance-weighted RL. A live step without log-probs still fails `record`.
 
 Figures: generated and loss-bearing tokens (per second of generation where `Step.timings` exist, and
 per wall second), policy-version lag per step when `trained_at` is given, tool timeout rate, episode
-timeout rate, abort rate and discard rate (episodes unusable for training: no end, unscored, no steps, or
-a step that does not replay).
+timeout rate, abort rate and discard rate (episodes a trainer drops, `is_discarded`: no sampled step, no
+end, an unscored end, a length truncation, or a step that does not replay). The experiment report's
+"discarded" column uses the same function.
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ from ctxkit.training.offline_steps import is_offline_step
 from ctxkit.training.context_replay import load_events, replay_steps
 from ctxkit.training.episode_samples import assemble_samples, episode_meta
 
-__all__ = ["CHECKS", "Finding", "CheckResult", "AuditReport", "audit", "find_logs"]
+__all__ = ["CHECKS", "Finding", "CheckResult", "AuditReport", "audit", "find_logs", "is_discarded",
+           "DISCARDED_REWARD_KINDS"]
 
 CHECKS: dict[str, str] = {
     "record": "one raw record reconstructs tokens, roles, policy mask and log-prob alignment",
@@ -66,6 +68,22 @@ LIMIT_CAUSES = frozenset({"max_steps", "max_turns", "context_budget", "context_l
 """Causes that name an external limit (a truncation, not the task ending)."""
 
 TIMEOUT_CAUSES = frozenset({"wall_time", "timeout", "time_limit"})
+
+DISCARDED_REWARD_KINDS: frozenset[str] = frozenset({"unscored", "length_truncation"})
+"""Reward kinds whose episode a trainer drops: `unscored` (no reward at all, e.g. a harness error) and
+`length_truncation` (cut by the context budget, the policy's window or the generation limit: overlong
+filtering; its loss tokens would teach the policy that running long costs nothing)."""
+
+
+def is_discarded(steps: Sequence[Step], end: EpisodeEnd | None, *, replays: bool = True) -> bool:
+    """Whether a trainer drops this episode (the one definition of "discarded", used by `ctxkit audit`'s
+    `discard_rate` and by the experiment report's "discarded" column).
+
+    Dropped: no sampled step (nothing to train on), no `EpisodeEnd` (the outcome is unknown), a reward kind
+    in `DISCARDED_REWARD_KINDS` (unscored, or a length truncation), or (`replays=False`) a record that does
+    not reconstruct. Kept: scored ends, task and tool failures, constraint violations, and limit truncations
+    (`max_steps`, `wall_time`: the steps train with a bootstrapped value)."""
+    return not steps or end is None or end.reward_kind in DISCARDED_REWARD_KINDS or not replays
 
 
 @dataclass(frozen=True)
@@ -234,16 +252,15 @@ def _audit_log(path: Path, acc: _Acc, *, trained_at: int | None, rebuild: bool) 
     except CtxkitError as exc:
         acc.checked["record"] += 1
         acc.fail("record", p, "file", f"the log cannot be read: {exc}")
-        acc.n["discarded"] += 1
+        acc.n["discarded"] += is_discarded((), None, replays=False)
         return
     steps = [e for e in events if isinstance(e, Step)]
     ends = [e for e in events if isinstance(e, EpisodeEnd)]
     start = next((e for e in events if isinstance(e, EpisodeStart)), None)
     end = ends[-1] if ends else None
-    usable = bool(steps) and end is not None and end.reward_kind != "unscored"
     if steps and all(is_offline_step(s) for s in steps):
         acc.offline.append(p)
-    usable = _check_record(p, events, steps, acc, rebuild) and usable
+    replays = _check_record(p, events, steps, acc, rebuild)
     _check_rewards(p, path, end, acc)
     _check_distributions(p, start, steps, acc)
     _check_ends(p, end, steps, acc)
@@ -253,7 +270,7 @@ def _audit_log(path: Path, acc: _Acc, *, trained_at: int | None, rebuild: bool) 
     if specials:
         acc.n["special_tokens_in_content"] += specials
         acc.specials[p] = specials
-    if not usable:
+    if is_discarded(steps, end, replays=replays):
         acc.n["discarded"] += 1
 
 
