@@ -28,6 +28,8 @@ import pytest
 from conftest import REPO_ROOT, SHARED, missing_fixture
 from readme_blocks import Case, PythonSession, cases, command_env, figures_script, fences, shell_commands
 
+pytestmark = pytest.mark.slow  # the README runs as a whole (its blocks share one workspace): minutes, so the slow lane
+
 README = REPO_ROOT / "README.md"
 try:
     CASES, FENCE_ERROR = cases(README.read_text(encoding="utf-8")), None

@@ -250,6 +250,7 @@ def assert_same_replay(log_or_events, **kw) -> list:
     return new
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, budget", [("window", 16_000), ("mask-observations", 16_000),
                                           ("truncate-tool-output-v3", 64_000)])  # v3 cuts each output to 256 tokens
 def test_walk_equals_reference_on_the_200_turn_synthetic_episode(name, budget):
