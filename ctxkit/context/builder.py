@@ -51,18 +51,10 @@ garbage collection walks until it is dropped: fewer kept, less collector time (g
 class BuiltContext:
     """One built context: what to send to the inference engine, and how it was made."""
 
-    token_ids: tuple[int, ...]
-    """The exact prompt ids (generation prompt included)."""
-    loss_mask: tuple[int, ...]
-    """1 on tokens the policy sampled (earlier verbatim steps), 0 elsewhere."""
     view: View
     """The view that was rendered."""
     rendered: Any
-    """The `ctxkit.text.rendering.renderer.RenderedContext`."""
-    hash: str
-    """`rendered.hash`: what a `Step.context_hash` records."""
-    n_tokens: int
-    """`len(token_ids)`, in real tokens of the final render."""
+    """The `ctxkit.text.rendering.renderer.RenderedContext`: ids, mask, spans and hash live there, once."""
     budget: int | None
     """The budget the context was built for (None when unknown, e.g. a rebuild of a log without one)."""
     pins_checked: tuple[str, ...]
@@ -72,6 +64,26 @@ class BuiltContext:
     truncated: bool = False
     """The context is over budget and the compressor was told to mark that instead of failing
     (`keep-all` with `on_overflow="truncate"`): end the episode `truncated`, cause `context_budget`."""
+
+    @property
+    def token_ids(self) -> tuple[int, ...]:
+        """The exact prompt ids (generation prompt included)."""
+        return self.rendered.token_ids
+
+    @property
+    def loss_mask(self) -> tuple[int, ...]:
+        """1 on tokens the policy sampled (earlier verbatim steps), 0 elsewhere."""
+        return self.rendered.loss_mask
+
+    @property
+    def hash(self) -> str:
+        """`rendered.hash`: what a `Step.context_hash` records."""
+        return self.rendered.hash
+
+    @property
+    def n_tokens(self) -> int:
+        """`len(token_ids)`, in real tokens of the final render."""
+        return len(self.rendered.token_ids)
 
     @property
     def ref(self) -> str:
@@ -383,11 +395,8 @@ def check_pairing(view: View, *, pending_before: Sequence[str] | None = None,
 def _finish(view: View, rendered: Any, tok: Any, budget: int | None, appended: tuple[str, ...], truncated: bool,
             pin_cache: PinCheckCache | None = None) -> BuiltContext:
     checked = check_pins(view, rendered, tok, pin_cache)
-    ids = tuple(rendered.token_ids)
-    return BuiltContext(
-        token_ids=ids, loss_mask=tuple(rendered.loss_mask), view=view, rendered=rendered, hash=rendered.hash,
-        n_tokens=len(ids), budget=budget, pins_checked=checked, compactions=appended, truncated=truncated,
-    )
+    return BuiltContext(view=view, rendered=rendered, budget=budget, pins_checked=checked, compactions=appended,
+                        truncated=truncated)
 
 
 class PinCheckCache:
