@@ -134,7 +134,7 @@ def test_made_call_ids_names_anonymous_calls_as_validation_does():
 @given(seed=st.integers(0, 10_000))
 def test_cut_after_one_full_render_keeps_a_core_at_a_turn_boundary(name, seed):
     """One full render, then a cut well past the only core checkpoint: the core is taken at a turn boundary
-    near the cut (`PrefixCut._boundary_core`), and the render equals a fresh one."""
+    near the cut (`cut.boundary_core`), and the render equals a fresh one."""
     t = tok(name)
     rng = random.Random(seed)
     chat = conversation(rng, t, rng.randint(8, 14), "b")

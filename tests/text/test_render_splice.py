@@ -205,7 +205,7 @@ def test_splice_rejects_a_block_that_does_not_fit():
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 10**6))
 def test_a_renderer_through_appends_cuts_and_splices_stays_exact(name, seed):
-    """Sampled-id substitutions, drifts and spans reused across renders (`OutputAssembly._output` keeps those of
+    """Sampled-id substitutions, drifts and spans reused across renders (`output.assemble` keeps those of
     regions unchanged since the last output): a random run of appends, cuts and splices of one renderer, with
     drifting and length-cut sampled turns, renders what a fresh renderer renders at every step."""
     rng = random.Random(seed)

@@ -254,7 +254,7 @@ def test_window_delta_from_a_marked_core_equals_full(name, template, family):
 
 def test_agent_turns_render_one_window_each():
     """In the agent loop each windowed render takes its window's old part from the previous build's core
-    (`_core_marks`): one template render per turn instead of two, with ids equal to a full render."""
+    (`RenderState.core_marks`): one template render per turn instead of two, with ids equal to a full render."""
     from ctxkit.benchmarks.render_bench import build_episode
 
     tok = _tok("qwen2.5-instruct")

@@ -1,8 +1,10 @@
 """Token-exact rendering: a conversation through a template and tokenizer into ids, a loss mask and
 per-token provenance, incrementally as it grows or is cut.
 
-Modules: `renderer` (render, IncrementalRenderer, encode_assistant_turn), `output` (RenderedContext,
-context_hash), `mask` (assistant-turn labels), `cut` (cutting back to a prefix), `splice` (re-rendering a
+Modules: `renderer` (render, IncrementalRenderer, encode_assistant_turn), `state` (RenderState, the
+renderer's one mutable state), `window` (the rendered text: suffix window or whole render), `tokens`
+(re-tokenizing after the last stable boundary), `mask` (assistant-turn regions and labels), `output`
+(RenderedContext, context_hash, output assembly), `cut` (cutting back to a prefix), `splice` (re-rendering a
 changed block), `segments` (per-segment caches). Imports `text/template/`, `text/tokenizer/`,
 `text/chat_messages.py`, `text/special_tokens.py` and L0.
 """

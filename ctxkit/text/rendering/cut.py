@@ -1,9 +1,9 @@
 """Cutting an `IncrementalRenderer` back to a prefix of its messages.
 
 Part of `ctxkit.text.rendering.renderer`. A compaction that masks or truncates tool outputs changes a view from its
-first edited message on and keeps every message before it. `PrefixCut.cut(n)` makes a renderer forget
-its messages from index `n` on, so the edited view's remaining messages can be appended and rendered
-as if the renderer had been fresh, re-using the work done for the shared prefix:
+first edited message on and keeps every message before it. `IncrementalRenderer.cut(n)` (`cut_messages`)
+makes a renderer forget its messages from index `n` on, so the edited view's remaining messages can be
+appended and rendered as if the renderer had been fresh, re-using the work done for the shared prefix:
 
 - the message-level state (chat dicts, sampled ids, tool-call ids, special tokens, located regions,
   sampled-id substitutions, cached assistant turn texts) is cut to the first `n` messages;
@@ -13,7 +13,7 @@ as if the renderer had been fresh, re-using the work done for the shared prefix:
 - for a local template (`template_locality`), the core text (the render of the first `m` messages
   without the generation prompt, which windowed rendering extends) is cut back to the latest
   checkpoint `m <= n`: each core the renderer held is a prefix of the later ones as long as they
-  only grew (`_set_core` records where each ended), so the cut core is exactly the render of the
+  only grew (`set_core` records where each ended), so the cut core is exactly the render of the
   first `m` messages, and the next render draws only the tail from `m` on through the template.
 
 Ids, labels, spans and hashes after a cut equal those of a fresh renderer given the same messages
@@ -23,9 +23,12 @@ Ids, labels, spans and hashes after a cut equal those of a fresh renderer given 
 from __future__ import annotations
 
 import bisect
-from typing import Any
+from typing import Any, Callable
 
-from ctxkit.errors import ConfigError, TemplateError
+from ctxkit.errors import TemplateError
+from ctxkit.text.rendering.state import RenderState
+
+Render = Callable[[list, bool], str]
 
 
 def made_call_ids(messages: Any) -> set[str]:
@@ -39,95 +42,97 @@ def made_call_ids(messages: Any) -> set[str]:
     return out
 
 
-class PrefixCut:
-    """Mixin of `IncrementalRenderer`: `cut(n)` and the core checkpoints it needs (see the module docstring).
+def cut_messages(st: RenderState, policy: Any, profile: Any, render: Render, n: int) -> None:
+    """Forget every message from index `n` on (`0 <= n < len(st.messages)`): the next render of the messages
+    kept plus those appended after equals a fresh renderer's render of them. `policy`: role -> special-token
+    policy; `profile`: the template's `TemplateProfile`; `render`: `(chat, agp) -> text` by the template."""
+    locality = profile.locality
+    boundary = boundary_core(st, profile.turn_opener, locality.reach, render, n) if locality.local else None
+    del st.messages[n:], st.chat[n:], st.sampled[n:]
+    st.call_ids = made_call_ids(st.chat)
+    st.specials = {i: f for i, f in st.specials.items() if i < n}
+    st.escape = any(policy[st.chat[i]["role"]] == "escape" for i in st.specials)
+    if st.marked_at is not None and st.marked_at >= n:
+        st.marked_at = None
+        st.structural_ok = bool(profile.generation_prompt and profile.end_of_turn)
+    st.n_assistant = sum(c.get("role") == "assistant" for c in st.chat)
+    st.any_sampled = any(s is not None for s in st.sampled)
+    st.turn_text = {i: t for i, t in st.turn_text.items() if i < n}
+    del st.unresolved[bisect.bisect_left(st.unresolved, n):]
+    regions = st.regions
+    pos = next((k for k, r in enumerate(regions) if r.index >= n), len(regions))
+    del regions[pos:], st.prefix_max[pos:]
+    st.span_dirty = min(st.span_dirty, pos)
+    st.located = min(st.located, n)
+    subs = st.subs
+    del subs[next((k for k, s in enumerate(subs) if s.index >= n), len(subs)):]
+    if n < locality.reach:
+        st.head = None
+    cut_core(st, n, boundary)
 
-    Uses the renderer's state (`_messages`, `_chat`, `_regions`, `_subs`, `_core`, ...)."""
 
-    def cut(self, n: int) -> None:
-        """Forget every message from index `n` on (0 <= n); the next render of the messages kept plus
-        those appended after equals a fresh renderer's render of them."""
-        if n < 0:
-            raise ConfigError(f"IncrementalRenderer.cut: parameter n is {n}; expected a message count >= 0")
-        if n >= len(self._messages):
-            return
-        boundary = self._boundary_core(n) if self._local else None
-        del self._messages[n:], self._chat[n:], self._sampled[n:]
-        self._call_ids = made_call_ids(self._chat)
-        self._specials = {i: f for i, f in self._specials.items() if i < n}
-        self._escape = any(self._policy[self._chat[i]["role"]] == "escape" for i in self._specials)
-        if self._marked_at is not None and self._marked_at >= n:
-            self._marked_at = None
-            self._structural_ok = bool(self._profile.generation_prompt and self._profile.end_of_turn)
-        self._n_assistant = sum(c.get("role") == "assistant" for c in self._chat)
-        self._any_sampled = any(s is not None for s in self._sampled)
-        self._turn_text = {i: t for i, t in self._turn_text.items() if i < n}
-        del self._unresolved[bisect.bisect_left(self._unresolved, n):]
-        regions = self._regions
-        pos = next((k for k, r in enumerate(regions) if r.index >= n), len(regions))
-        del regions[pos:], self._prefix_max[pos:]
-        self._span_dirty = min(self._span_dirty, pos)
-        self._located = min(self._located, n)
-        subs = self._subs
-        del subs[next((k for k, s in enumerate(subs) if s.index >= n), len(subs)):]
-        if n < self._reach:
-            self._head = None
-        core, marks = self._core, self._core_marks
-        k = bisect.bisect_right(marks, (n, float("inf")))
-        del marks[k:]
-        if core is None or not marks:
-            self._core = None
-            marks.clear()
-        elif marks[-1][0] != core[0]:
-            self._core = (marks[-1][0], core[1][: marks[-1][1]])
-        if boundary is not None and (self._core is None or self._core[0] < boundary[0]):
-            self._core = boundary
-            marks[:] = [(boundary[0], len(boundary[1]))]
+def cut_core(st: RenderState, n: int, boundary: tuple[int, str] | None) -> None:
+    """Cut the core back to its latest checkpoint at or before message `n`, or to `boundary` (from
+    `boundary_core`) when that is later."""
+    core, marks = st.core, st.core_marks
+    k = bisect.bisect_right(marks, (n, float("inf")))
+    del marks[k:]
+    if core is None or not marks:
+        st.core = None
+        marks.clear()
+    elif marks[-1][0] != core[0]:
+        st.core = (marks[-1][0], core[1][: marks[-1][1]])
+    if boundary is not None and (st.core is None or st.core[0] < boundary[0]):
+        st.core = boundary
+        marks[:] = [(boundary[0], len(boundary[1]))]
 
-    def _boundary_core(self, n: int, tries: int = 8) -> tuple[int, str] | None:
-        """`(m, render of the first m messages without the prompt)` for the latest turn boundary `m <= n`
-        past every core checkpoint, cut from the last rendered text (whose first `n` messages are kept),
-        or None. The text before message `m`'s turn opener is taken as that render when a suffix window
-        ending at `m` renders to its tail: the check `text.template.locality.window_delta` makes of a core, under
-        the same locality of the template."""
-        text, opener, reach = self._text, self._profile.turn_opener, self._reach
-        k = bisect.bisect_right(self._core_marks, (n, float("inf")))
-        done = self._core_marks[k - 1][0] if self._core is not None and k else 0
-        if not text or not opener or n - done < 8:
-            return None
-        at = {r.index: r for r in self._regions if r.kind != "header" and r.index <= n}
-        lead = max(1, reach)
-        chat = self._chat
-        for m in range(min(n, self._located - 1), max(done, n - tries), -1):
-            a, b = at.get(m - 1), at.get(m)
-            if a is None or b is None or a.end > b.start:
-                continue
-            pos = text.rfind(opener, a.end, b.start)
-            if pos < 0:
-                continue
-            j = m - max(2, reach + 1)
-            while j > lead and chat[j].get("role") == "tool" and m - j < 64:
-                j -= 1
-            if j <= lead:
-                return None
-            try:
-                head = self._head if self._head is not None else self._render_text(chat[:lead], False)
-                window = self._render_text(chat[:lead] + chat[j:m], False)
-            except TemplateError:
-                return None
-            body = window[len(head):]
-            if body and window.startswith(head) and text.startswith(head) and text.startswith(body, pos - len(body)):
-                return m, text[:pos]
-            return None
+
+def boundary_core(st: RenderState, opener: str | None, reach: int, render: Render, n: int,
+                  tries: int = 8) -> tuple[int, str] | None:
+    """`(m, render of the first m messages without the prompt)` for the latest turn boundary `m <= n`
+    past every core checkpoint, cut from the last rendered text (whose first `n` messages are kept),
+    or None. The text before message `m`'s turn opener is taken as that render when a suffix window
+    ending at `m` renders to its tail: the check `text.template.locality.window_delta` makes of a core, under
+    the same locality of the template."""
+    text = st.text
+    k = bisect.bisect_right(st.core_marks, (n, float("inf")))
+    done = st.core_marks[k - 1][0] if st.core is not None and k else 0
+    if not text or not opener or n - done < 8:
         return None
+    at = {r.index: r for r in st.regions if r.kind != "header" and r.index <= n}
+    lead = max(1, reach)
+    chat = st.chat
+    for m in range(min(n, st.located - 1), max(done, n - tries), -1):
+        a, b = at.get(m - 1), at.get(m)
+        if a is None or b is None or a.end > b.start:
+            continue
+        pos = text.rfind(opener, a.end, b.start)
+        if pos < 0:
+            continue
+        j = m - max(2, reach + 1)
+        while j > lead and chat[j].get("role") == "tool" and m - j < 64:
+            j -= 1
+        if j <= lead:
+            return None
+        try:
+            head = st.head if st.head is not None else render(chat[:lead], False)
+            window = render(chat[:lead] + chat[j:m], False)
+        except TemplateError:
+            return None
+        body = window[len(head):]
+        if body and window.startswith(head) and text.startswith(head) and text.startswith(body, pos - len(body)):
+            return m, text[:pos]
+        return None
+    return None
 
-    def _set_core(self, m: int, text: str) -> None:
-        """Hold `text` = the render of the first `m` messages without the generation prompt as the core,
-        keeping the checkpoints of earlier cores it extends."""
-        old, marks = self._core, self._core_marks
-        if old is None or not text.startswith(old[1]):
-            marks.clear()
-        while marks and marks[-1][0] >= m:
-            marks.pop()
-        marks.append((m, len(text)))
-        self._core = (m, text)
+
+def set_core(st: RenderState, m: int, text: str) -> None:
+    """Hold `text` = the render of the first `m` messages without the generation prompt as the core,
+    keeping the checkpoints of earlier cores it extends."""
+    old, marks = st.core, st.core_marks
+    if old is None or not text.startswith(old[1]):
+        marks.clear()
+    while marks and marks[-1][0] >= m:
+        marks.pop()
+    marks.append((m, len(text)))
+    st.core = (m, text)

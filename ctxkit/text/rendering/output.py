@@ -1,8 +1,9 @@
 """A renderer's output: the rendered-context records and their assembly from the renderer's state.
 
 Part of `ctxkit.text.rendering.renderer` (which re-exports the records): `MessageSpan`, `Drift`, `RenderedContext`,
-`context_hash`, and `OutputAssembly`, the `IncrementalRenderer` methods that put sampled ids in place of
-their rendered ids (`Sub`, kept between renders), compute spans and resume the context hash.
+`context_hash`, and `assemble`, which builds a render's `RenderedContext` from the renderer's `RenderState`:
+it puts sampled ids in place of their rendered ids (`Sub`, kept between renders), computes spans and
+resumes the context hash (`resume_hash`).
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ import bisect
 import hashlib
 import struct
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from ctxkit.errors import RenderError
+from ctxkit.text.rendering.state import RenderState
 
 @dataclass(frozen=True)
 class MessageSpan:
@@ -85,7 +87,7 @@ def int32_bytes(ids: Sequence[int]) -> bytes:
 
 
 HASH_STEP = 256
-"""Tokens between two checkpoints of `OutputAssembly._hash`."""
+"""Tokens between two checkpoints of `resume_hash`."""
 
 
 @dataclass(slots=True)
@@ -105,160 +107,191 @@ def _index(region) -> int:
     return region.index
 
 
-class OutputAssembly:
-    """Mixin of `IncrementalRenderer`: `_output` and `_hash` (uses the renderer's state)."""
+def assemble(st: RenderState, profile: Any, template_id: str, tokenizer_id: str, changed: int) -> RenderedContext:
+    """The context of the last render; `changed` is the first rendered token that may differ from last time.
 
-    _sub_cols: tuple[list, list, list, list]  # see `_output`
+    Sampled-id substitutions are kept between renders: those wholly before `changed` (same turn,
+    same token range) are reused with the output before them; only later ones are redone. The output
+    is copied up to the end of the last substitution that changes it (`st.out_at`), never past it."""
+    produced = _kept_subs(st, changed)
+    subs = st.subs
+    cut, shift = (subs[-1].z, subs[-1].shift) if subs else (0, 0)
+    reused_to = cut
+    out_at = _substitute(st, produced, profile.end_of_turn_id, cut, shift)
+    drifts = [subs[j].drift for j in st.sub_cols[3]]
+    ids, mask, roles = st.ids, st.mask, st.roles
+    if not out_at:  # every substitution (if any) is an identity
+        token_ids, loss_mask, token_roles = tuple(ids), tuple(mask), tuple(roles)
+    else:
+        o_ids, o_mask, o_roles = st.out
+        token_ids = (*o_ids, *ids[out_at:])  # one copy each (a list concatenation would make two)
+        loss_mask = (*o_mask, *mask[out_at:])
+        token_roles = (*o_roles, *roles[out_at:])
+    out_changed = _output_changed(st, changed)
+    spans = _spans(st, reused_to)
+    if st.n_assistant and not any(loss_mask):
+        raise RenderError("loss mask is all zero although the conversation has assistant turns")
+    return RenderedContext(
+        token_ids=token_ids,
+        loss_mask=loss_mask,
+        roles=token_roles,
+        spans=spans,
+        drifts=tuple(drifts),
+        template_id=template_id,
+        tokenizer_id=tokenizer_id,
+        prefix_preserving=profile.prefix_preserving,
+        hash=resume_hash(st.hash_cp, token_ids, out_changed),
+    )
 
-    def _output(self, changed: int) -> RenderedContext:
-        """Assemble the context; `changed` is the first rendered token that may differ from last time.
 
-        Sampled-id substitutions are kept between renders: those wholly before `changed` (same turn,
-        same token range) are reused with the output before them; only later ones are redone. The output
-        is copied up to the end of the last substitution that changes it (`_out_at`), never past it."""
-        ids, mask, roles = self._ids, self._mask, self._roles
-        eot_id = self._profile.end_of_turn_id
-        subs, regions = self._subs, self._regions
-        # per substitution, kept in step with `subs`: its rendered end, the cumulative shift after it, its
-        # message; and the positions in `subs` of those with a drift (`cut` and `_reset` only shorten `subs`)
-        sub_ends, sub_shift, sub_index, drift_at = self._sub_cols
-        if len(sub_ends) > len(subs):
-            del sub_ends[len(subs):], sub_shift[len(subs):], sub_index[len(subs):]
-            del drift_at[bisect.bisect_left(drift_at, len(subs)):]
-        # Reused: the substitutions wholly before `changed` of the regions unchanged since the last output
-        # (`_span_dirty`: same regions, same token ranges, so the same produced regions before them).
-        m = min(self._span_dirty, len(regions))
-        k = min(bisect.bisect_right(sub_ends, changed),
-                bisect.bisect_left(sub_index, regions[m].index) if m < len(regions) else len(subs))
-        if self._any_sampled:
-            pos = bisect.bisect_right(regions, sub_index[k - 1], key=_index) if k else 0
-            sampled_of = self._sampled
-            produced = [r for r in regions[pos:] if r.kind == "produced" and sampled_of[r.index] is not None]
-        else:
-            produced = []
-        del subs[k:], sub_ends[k:], sub_shift[k:], sub_index[k:]
-        del drift_at[bisect.bisect_left(drift_at, k):]
-        cut, shift = (subs[-1].z, subs[-1].shift) if subs else (0, 0)
-        reused_to = cut
-        o_ids, o_mask, o_roles = self._out  # the output of rendered tokens [0, out_at), out_at a sub's end
-        out_at = self._out_at
-        if out_at > cut:
-            del o_ids[cut + shift :], o_mask[cut + shift :], o_roles[cut + shift :]
-            out_at = cut
-        for r in produced:
-            sampled = self._sampled[r.index]
-            a, z = r.tokens
-            rendered = ids[a:z]
-            n = z - a
-            sub_ends.append(z)
-            sub_index.append(r.index)
-            if (len(sampled) == n and rendered == list(sampled) and mask[a:z].count(1) == n
-                    and roles[a:z].count("assistant") == n):  # an identity: its output is the render itself
-                subs.append(Sub(r.index, a, z, a + shift, z + shift, shift, None))
-                sub_shift.append(shift)
-                cut = z
-                continue
-            out_ids, out_mask, out_roles = list(sampled), [1] * len(sampled), ["assistant"] * len(sampled)
-            compare = rendered
-            if eot_id is not None and (not sampled or sampled[-1] != eot_id) and rendered and rendered[-1] == eot_id:
-                compare = rendered[:-1]  # finished by length: the template's end-of-turn stays, as scaffold
-                out_ids.append(eot_id)
-                out_mask.append(0)
-                out_roles.append("scaffold")
-            pos0 = a + shift
-            drift = None
-            if list(sampled) != compare:
-                p = 0
-                limit = min(len(sampled), len(compare))
-                while p < limit and sampled[p] == compare[p]:
-                    p += 1
-                q = 0
-                while q < limit - p and sampled[-1 - q] == compare[-1 - q]:
-                    q += 1
-                drift = Drift(r.index, pos0 + p, tuple(sampled[p : len(sampled) - q]), tuple(compare[p : len(compare) - q]))
-                drift_at.append(len(subs))
-            o_ids += ids[out_at:a]
-            o_ids += out_ids
-            o_mask += mask[out_at:a]
-            o_mask += out_mask
-            o_roles += roles[out_at:a]
-            o_roles += out_roles
-            shift += len(out_ids) - (z - a)
-            subs.append(Sub(r.index, a, z, pos0, pos0 + len(sampled), shift, drift))
+def _kept_subs(st: RenderState, changed: int) -> list:
+    """Drop the substitutions not reused from the last output (`st.subs` and `st.sub_cols` in step); return
+    the produced regions after the ones kept whose sampled ids must be put in place."""
+    subs, regions = st.subs, st.regions
+    # per substitution, kept in step with `subs`: its rendered end, the cumulative shift after it, its
+    # message; and the positions in `subs` of those with a drift (`cut` and `reset_rendered` only shorten `subs`)
+    sub_ends, sub_shift, sub_index, drift_at = st.sub_cols
+    if len(sub_ends) > len(subs):
+        del sub_ends[len(subs):], sub_shift[len(subs):], sub_index[len(subs):]
+        del drift_at[bisect.bisect_left(drift_at, len(subs)):]
+    # Reused: the substitutions wholly before `changed` of the regions unchanged since the last output
+    # (`span_dirty`: same regions, same token ranges, so the same produced regions before them).
+    m = min(st.span_dirty, len(regions))
+    k = min(bisect.bisect_right(sub_ends, changed),
+            bisect.bisect_left(sub_index, regions[m].index) if m < len(regions) else len(subs))
+    if st.any_sampled:
+        pos = bisect.bisect_right(regions, sub_index[k - 1], key=_index) if k else 0
+        sampled_of = st.sampled
+        produced = [r for r in regions[pos:] if r.kind == "produced" and sampled_of[r.index] is not None]
+    else:
+        produced = []
+    del subs[k:], sub_ends[k:], sub_shift[k:], sub_index[k:]
+    del drift_at[bisect.bisect_left(drift_at, k):]
+    return produced
+
+
+def _substitute(st: RenderState, produced: list, eot_id: int | None, cut: int, shift: int) -> int:
+    """Put the sampled ids of the `produced` regions in place (after the kept substitutions, which end at
+    rendered token `cut` with cumulative `shift`), extending `st.out`; return the new `st.out_at`."""
+    ids, mask, roles = st.ids, st.mask, st.roles
+    subs = st.subs
+    sub_ends, sub_shift, sub_index, drift_at = st.sub_cols
+    o_ids, o_mask, o_roles = st.out  # the output of rendered tokens [0, out_at), out_at a sub's end
+    out_at = st.out_at
+    if out_at > cut:
+        del o_ids[cut + shift :], o_mask[cut + shift :], o_roles[cut + shift :]
+        out_at = cut
+    for r in produced:
+        sampled = st.sampled[r.index]
+        a, z = r.tokens
+        rendered = ids[a:z]
+        n = z - a
+        sub_ends.append(z)
+        sub_index.append(r.index)
+        if (len(sampled) == n and rendered == list(sampled) and mask[a:z].count(1) == n
+                and roles[a:z].count("assistant") == n):  # an identity: its output is the render itself
+            subs.append(Sub(r.index, a, z, a + shift, z + shift, shift, None))
             sub_shift.append(shift)
-            cut = out_at = z
-        self._out_at = out_at
-        drifts = [subs[j].drift for j in drift_at]
-        if not out_at:  # every substitution (if any) is an identity
-            token_ids, loss_mask, token_roles = tuple(ids), tuple(mask), tuple(roles)
-        else:
-            token_ids = (*o_ids, *ids[out_at:])  # one copy each (a list concatenation would make two)
-            loss_mask = (*o_mask, *mask[out_at:])
-            token_roles = (*o_roles, *roles[out_at:])
-        k = bisect.bisect_right(sub_ends, changed)
-        out_changed = changed + (sub_shift[k - 1] if k else 0)
-        for sub in subs[k:]:  # a substitution straddling `changed` may have moved: hash from its start
-            if sub.a < changed < sub.z:
-                out_changed = min(out_changed, sub.start)
-        # Spans: those of leading regions unchanged since the last output (same token range, same
-        # substitutions before them) are kept; the rest are recomputed.
-        regions = self._regions
-        spans, at = self._span_list, self._span_at
-        p = min(self._span_dirty, len(regions), len(at) - 1)
-        if self._any_sampled:
-            starts = self._starts
-            p = min(p, bisect.bisect_right(self._prefix_max, starts[reused_to]) if reused_to < len(starts) else p)
-        del spans[at[p] :], at[p + 1 :]
-        for r in regions[p:]:
-            if r.kind != "header":
-                j = bisect.bisect_left(sub_index, r.index) if r.kind == "produced" else len(subs)
-                if j < len(subs) and sub_index[j] == r.index:
-                    spans.append(MessageSpan(r.index, r.role, subs[j].start, subs[j].end))
-                else:
-                    a, z = r.tokens
-                    d = 0
-                    if sub_ends:
-                        k = bisect.bisect_right(sub_ends, a)
-                        d = sub_shift[k - 1] if k else 0
-                    if r.span is None or r.span.start != a + d:
-                        r.span = MessageSpan(r.index, self._chat[r.index]["role"], a + d, z + d)
-                    spans.append(r.span)
-            at.append(len(spans))
-        self._span_dirty = len(regions)
-        out_spans: list[MessageSpan] | tuple[MessageSpan, ...] = tuple(spans)
-        if len(spans) < len(self._chat):
-            seen = {sp.index for sp in spans}
-            out_spans = sorted(spans + [MessageSpan(i, m["role"], 0, 0) for i, m in enumerate(self._chat) if i not in seen],
-                               key=lambda sp: sp.index)
-        if self._n_assistant and not any(loss_mask):
-            raise RenderError("loss mask is all zero although the conversation has assistant turns")
-        return RenderedContext(
-            token_ids=token_ids,
-            loss_mask=loss_mask,
-            roles=token_roles,
-            spans=tuple(out_spans),
-            drifts=tuple(drifts),
-            template_id=self.template.id,
-            tokenizer_id=self.tokenizer.id,
-            prefix_preserving=self._profile.prefix_preserving,
-            hash=self._hash(token_ids, out_changed),
-        )
+            continue
+        out_ids, out_mask, out_roles = list(sampled), [1] * len(sampled), ["assistant"] * len(sampled)
+        compare = rendered
+        if eot_id is not None and (not sampled or sampled[-1] != eot_id) and rendered and rendered[-1] == eot_id:
+            compare = rendered[:-1]  # finished by length: the template's end-of-turn stays, as scaffold
+            out_ids.append(eot_id)
+            out_mask.append(0)
+            out_roles.append("scaffold")
+        pos0 = a + shift
+        drift = None
+        if list(sampled) != compare:
+            drift = _drift(r.index, pos0, sampled, compare)
+            drift_at.append(len(subs))
+        o_ids += ids[out_at:a]
+        o_ids += out_ids
+        o_mask += mask[out_at:a]
+        o_mask += out_mask
+        o_roles += roles[out_at:a]
+        o_roles += out_roles
+        shift += len(out_ids) - (z - a)
+        subs.append(Sub(r.index, a, z, pos0, pos0 + len(sampled), shift, drift))
+        sub_shift.append(shift)
+        out_at = z
+    st.out_at = out_at
+    return out_at
 
-    def _hash(self, token_ids: tuple[int, ...], changed: int) -> str:
-        """`context_hash(token_ids)`, resuming from the latest checkpoint at or before `changed` (the first
-        token that may differ from the last output). Checkpoints (`_hash_cp`) are kept every `HASH_STEP`
-        tokens, so a build hashes at most that many unchanged tokens again (one after a compaction too)."""
-        cps = self._hash_cp
-        while cps and cps[-1][0] > changed:
-            cps.pop()
-        n, h = cps[-1] if cps else (0, None)
-        h = hashlib.sha256(b"ctxkit-context-v1") if h is None else h.copy()
-        end = len(token_ids)
-        step = (n // HASH_STEP + 1) * HASH_STEP
-        while step <= end:
-            h.update(int32_bytes(token_ids[n:step]))
-            n = step
-            cps.append((n, h.copy()))
-            step += HASH_STEP
-        h.update(int32_bytes(token_ids[n:end]))
-        return h.hexdigest()
+
+def _drift(index: int, pos0: int, sampled: Sequence[int], compare: list[int]) -> Drift:
+    """The `Drift` of message `index`'s sampled ids against the rendered ones (`compare`), the turn's
+    output starting at token `pos0`: the differing run between their common prefix and suffix."""
+    p = 0
+    limit = min(len(sampled), len(compare))
+    while p < limit and sampled[p] == compare[p]:
+        p += 1
+    q = 0
+    while q < limit - p and sampled[-1 - q] == compare[-1 - q]:
+        q += 1
+    return Drift(index, pos0 + p, tuple(sampled[p : len(sampled) - q]), tuple(compare[p : len(compare) - q]))
+
+
+def _output_changed(st: RenderState, changed: int) -> int:
+    """The first output token that may differ from the last output, for rendered token `changed`."""
+    sub_ends, sub_shift = st.sub_cols[0], st.sub_cols[1]
+    k = bisect.bisect_right(sub_ends, changed)
+    out_changed = changed + (sub_shift[k - 1] if k else 0)
+    for sub in st.subs[k:]:  # a substitution straddling `changed` may have moved: hash from its start
+        if sub.a < changed < sub.z:
+            out_changed = min(out_changed, sub.start)
+    return out_changed
+
+
+def _spans(st: RenderState, reused_to: int) -> tuple[MessageSpan, ...]:
+    """The spans of the output (one per message). Those of leading regions unchanged since the last output
+    (same token range, same substitutions before them, which end at rendered token `reused_to`) are kept;
+    the rest are recomputed."""
+    regions, subs, chat = st.regions, st.subs, st.chat
+    sub_ends, sub_shift, sub_index = st.sub_cols[0], st.sub_cols[1], st.sub_cols[2]
+    spans, at = st.span_list, st.span_at
+    p = min(st.span_dirty, len(regions), len(at) - 1)
+    if st.any_sampled:
+        starts = st.starts
+        p = min(p, bisect.bisect_right(st.prefix_max, starts[reused_to]) if reused_to < len(starts) else p)
+    del spans[at[p] :], at[p + 1 :]
+    for r in regions[p:]:
+        if r.kind != "header":
+            j = bisect.bisect_left(sub_index, r.index) if r.kind == "produced" else len(subs)
+            if j < len(subs) and sub_index[j] == r.index:
+                spans.append(MessageSpan(r.index, r.role, subs[j].start, subs[j].end))
+            else:
+                a, z = r.tokens
+                d = 0
+                if sub_ends:
+                    k = bisect.bisect_right(sub_ends, a)
+                    d = sub_shift[k - 1] if k else 0
+                if r.span is None or r.span.start != a + d:
+                    r.span = MessageSpan(r.index, chat[r.index]["role"], a + d, z + d)
+                spans.append(r.span)
+        at.append(len(spans))
+    st.span_dirty = len(regions)
+    if len(spans) < len(chat):
+        seen = {sp.index for sp in spans}
+        return tuple(sorted(spans + [MessageSpan(i, m["role"], 0, 0) for i, m in enumerate(chat) if i not in seen],
+                            key=lambda sp: sp.index))
+    return tuple(spans)
+
+
+def resume_hash(cps: list, token_ids: tuple[int, ...], changed: int) -> str:
+    """`context_hash(token_ids)`, resuming from the latest checkpoint in `cps` (`RenderState.hash_cp`) at or
+    before `changed` (the first token that may differ from the last output). Checkpoints are kept every
+    `HASH_STEP` tokens, so a build hashes at most that many unchanged tokens again (one after a compaction too)."""
+    while cps and cps[-1][0] > changed:
+        cps.pop()
+    n, h = cps[-1] if cps else (0, None)
+    h = hashlib.sha256(b"ctxkit-context-v1") if h is None else h.copy()
+    end = len(token_ids)
+    step = (n // HASH_STEP + 1) * HASH_STEP
+    while step <= end:
+        h.update(int32_bytes(token_ids[n:step]))
+        n = step
+        cps.append((n, h.copy()))
+        step += HASH_STEP
+    h.update(int32_bytes(token_ids[n:end]))
+    return h.hexdigest()

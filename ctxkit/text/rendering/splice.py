@@ -6,7 +6,7 @@ view is `old[:a] + block + old[len(old) - s:]`: it shares a prefix of `a` messag
 messages with a view rendered before. For a local template (`ctxkit.text.template.locality`), the new text is
 the old text up to a turn boundary before the block, the render of a short window around the block, and
 the old text from a turn boundary after it (`splice_text`), so the kept tail never goes through the
-template again. `SuffixSplice.splice` also keeps the tail's prepared messages (indexes shifted, the append
+template again. `IncrementalRenderer.splice` (`keep_tail`, `attach_prepared`) also keeps the tail's prepared messages (indexes shifted, the append
 checks redone only where their outcome could differ) and, when the tail's text and ids were kept, its
 located regions and token labels (shifted, `attach_tail`). Whatever the checks cannot confirm falls back to
 the ordinary path.
@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
-from ctxkit.errors import ConfigError, TemplateError
-from ctxkit.text.rendering.segments import encode_segments, made_calls
+from ctxkit.errors import TemplateError
+from ctxkit.text.rendering.cut import set_core
+from ctxkit.text.rendering.segments import made_calls
+from ctxkit.text.rendering.state import RenderState
 
 Render = Callable[[list, bool], str]
 _MAX_BACK = 64  # messages a window start may move back over (a run of tool results)
@@ -143,219 +145,178 @@ def splice_text(render: Render, old: SpliceHint, new_chat: list, a: int, s: int,
     return prefix + w_new[h_new:end] + text[openers[q] :], len(text) - openers[q]
 
 
-class SuffixSplice:
-    """Mixin of `IncrementalRenderer`: `splice_hint()` before a cut, `expect_splice(...)` after it, and the
-    next render takes its text from `splice_text` when the checks pass (else the ordinary path).
+def splice_hint(st: RenderState, opener: str | None, locality: Any, a: int, s: int) -> SpliceHint | None:
+    """What the next render needs to splice its text, taken before a cut, for a view sharing the first `a`
+    and the last `s` messages with the messages held; None when the last render does not describe the
+    messages (or the template is not local: `locality`, its `Locality`)."""
+    if not (locality.local and opener and st.text and st.last_agp is not None and st.located == len(st.chat)):
+        return None
+    reach = locality.reach
+    b, back = len(st.chat) - s, 2 * reach + _MAX_BACK + 4
 
-    Uses the renderer's state (`_text`, `_chat`, `_regions`, `_located`, `_local`, `_reach`, `_prompt`, ...)."""
+    def wanted(i: int) -> bool:  # the indexes `splice_text` may look up
+        return a - back <= i <= a or b <= i <= b + reach + 8
+    # only the regions of those messages and of the ones just before them count (regions are in index order)
+    regions = st.regions
+    near = [r for lo, hi in ((a - back - 1, a), (b - 1, b + reach + 8))
+            for r in regions[bisect.bisect_left(regions, lo, key=_region_index):
+                             bisect.bisect_right(regions, hi, key=_region_index)]]
+    return SpliceHint(st.text, tuple(st.chat), st.last_agp, opener_positions(st.text, opener, near, wanted))
 
-    _splice: tuple[SpliceHint, int, int] | None = None
-    _last_agp: bool | None = None
-    _kept_tail: tuple[int, int] | None = None  # (char in the old text, char in the new) of a kept tail
-    _tail_regions: tuple | None = None  # (old index of the first kept message, its regions on, index shift)
-    _tail_map: tuple[int, int, int] | None = None  # (old token, new token, char shift) of a kept tail's ids
-    _tail_labels: tuple[int, int, int] | None = None  # (old token, new token, regions) of a tail kept labelled
-    splice_renders = 0
-    """Renders whose text was spliced from the previous text and windows around a changed block."""
-    tail_reuses = 0
-    """Spliced renders that kept the tail's located regions and labels, shifted (`attach_tail`)."""
 
-    def splice_hint(self, a: int, s: int) -> SpliceHint | None:
-        """What the next render needs to splice its text, taken before `cut`, for a view sharing the first `a`
-        and the last `s` messages with the messages held; None when the renderer's last render does not
-        describe its messages (or the template is not local)."""
-        opener = self._profile.turn_opener
-        if not (self._local and opener and self._text and self._last_agp is not None
-                and self._located == len(self._chat)):
-            return None
-        b, back = len(self._chat) - s, 2 * self._reach + _MAX_BACK + 4
+def keep_tail(st: RenderState, hint: SpliceHint | None, a: int, s: int) -> tuple | None:
+    """Before `IncrementalRenderer.splice` cuts to `a` messages: the prepared last `s` messages `(messages,
+    chat dicts, sampled ids, special-token finds by tail position)` when they may be reused (`attach_prepared`),
+    else None; their located regions are kept aside in `st.tail_regions` when the last render located
+    them structurally."""
+    n = len(st.chat)
+    b = n - s
+    kept, st.tail_regions = None, None
+    if hint is not None and (st.marked_at is None or st.marked_at < a) and not (
+            st.unresolved and st.unresolved[-1] >= b):
+        kept = (st.messages[b:], st.chat[b:], st.sampled[b:], {i - b: f for i, f in st.specials.items() if i >= b})
+        regions = st.regions
+        if st.mode == "structural" and st.located == n:
+            at = bisect.bisect_left(regions, b, key=_region_index)
+            st.tail_regions = (b, regions[at:])
+    return kept
 
-        def wanted(i: int) -> bool:  # the indexes `splice_text` may look up
-            return a - back <= i <= a or b <= i <= b + self._reach + 8
-        # only the regions of those messages and of the ones just before them count (regions are in index order)
-        regions = self._regions
-        near = [r for lo, hi in ((a - back - 1, a), (b - 1, b + self._reach + 8))
-                for r in regions[bisect.bisect_left(regions, lo, key=_region_index):
-                                 bisect.bisect_right(regions, hi, key=_region_index)]]
-        return SpliceHint(self._text, tuple(self._chat), self._last_agp,
-                          opener_positions(self._text, opener, near, wanted))
 
-    def splice(self, a: int, s: int, block: Sequence[tuple[Any, Any]],
-               tail: Callable[[], Sequence[tuple[Any, Any]]]) -> None:
-        """Make the messages held `self.messages[:a] + block + self.messages[len(self) - s:]` (`block`: pairs
-        `(message, message_key or None)`; `tail()`: the same pairs for the last `s` messages, asked for only
-        when they must be appended again). The next render tries `splice_text` first (`expect_splice`).
+def attach_prepared(st: RenderState, policy: Any, messages: list, chat: list, sampled: list, specials: dict) -> bool:
+    """Append the prepared kept tail (its messages, chat dicts, sampled ids and special-token finds by
+    tail position) after the messages held, when `append` would accept each message as it did before:
+    the tool-call pairing (`SegmentCache.prepared`'s check) holds with the calls made before it here
+    and no message makes a call without an id (whose stand-in id names its index). The special-token
+    policy (`error`) and the marker check gave the same outcome when they were appended (same role, same
+    content, same policy); a marked message in the tail was excluded by `keep_tail`. False: nothing done."""
+    avail = set(st.call_ids)
+    for c in chat:
+        role = c.get("role")
+        if role == "tool":
+            call_id = c.get("tool_call_id")
+            if not (str(call_id) in avail if call_id is not None else avail):
+                return False
+        elif role == "assistant" and c.get("tool_calls"):
+            made = made_calls(c)
+            if made is None:
+                return False
+            avail |= made
+    base = len(st.chat)
+    st.call_ids = avail
+    for i, found in specials.items():
+        st.specials[base + i] = found
+        st.escape = st.escape or policy[chat[i]["role"]] == "escape"
+    st.messages += messages
+    st.chat += chat
+    st.sampled += sampled
+    st.n_assistant += [c.get("role") for c in chat].count("assistant")
+    st.any_sampled = st.any_sampled or sampled.count(None) < len(sampled)
+    return True
 
-        The kept tail's prepared messages are reused with their indexes shifted, not appended again, when
-        every check `append` makes of them has the outcome it had (`_attach_tail`); else they are appended.
-        Its located regions and labels are kept aside for the next render (`_tail_regions`), which shifts
-        them instead of locating and labelling the tail again when its text and ids were kept."""
-        n = len(self._chat)
-        if not 0 <= a <= n - s or s <= 0:
-            raise ConfigError(f"IncrementalRenderer.splice: parameters a={a}, s={s} do not fit {n} messages")
-        hint = self.splice_hint(a, s)
-        b = n - s
-        kept, self._tail_regions = None, None
-        if hint is not None and (self._marked_at is None or self._marked_at < a) and not (
-                self._unresolved and self._unresolved[-1] >= b):
-            kept = (self._messages[b:], self._chat[b:], self._sampled[b:],
-                    {i - b: f for i, f in self._specials.items() if i >= b})
-            regions = self._regions
-            if self._mode == "structural" and self._located == n:
-                at = bisect.bisect_left(regions, b, key=_region_index)
-                self._tail_regions = (b, regions[at:])
-        self.cut(a)
-        for m, key in block:
-            self.append(m, key)
-        if kept is None or not self._attach_tail(*kept):
-            self._tail_regions = None
-            for m, key in tail():
-                self.append(m, key)
-        elif self._tail_regions is not None:
-            self._tail_regions = (self._tail_regions[0], self._tail_regions[1], len(self._chat) - n)
-        self.expect_splice(hint, a, s)
 
-    def _attach_tail(self, messages: list, chat: list, sampled: list, specials: dict) -> bool:
-        """Append the prepared kept tail (its messages, chat dicts, sampled ids and special-token finds by
-        tail position) after the messages held, when `append` would accept each message as it did before:
-        the tool-call pairing (`SegmentCache.prepared`'s check) holds with the calls made before it here
-        and no message makes a call without an id (whose stand-in id names its index). The special-token
-        policy (`error`) and the marker check gave the same outcome when they were appended (same role, same
-        content, same policy); a marked message in the tail was excluded by the caller. False: nothing done."""
-        avail = set(self._call_ids)
-        for c in chat:
-            role = c.get("role")
-            if role == "tool":
-                call_id = c.get("tool_call_id")
-                if not (str(call_id) in avail if call_id is not None else avail):
-                    return False
-            elif role == "assistant" and c.get("tool_calls"):
-                made = made_calls(c)
-                if made is None:
-                    return False
-                avail |= made
-        base = len(self._chat)
-        self._call_ids = avail
-        for i, found in specials.items():
-            self._specials[base + i] = found
-            self._escape = self._escape or self._policy[chat[i]["role"]] == "escape"
-        self._messages += messages
-        self._chat += chat
-        self._sampled += sampled
-        self._n_assistant += [c.get("role") for c in chat].count("assistant")
-        self._any_sampled = self._any_sampled or sampled.count(None) < len(sampled)
-        return True
+def expect_splice(st: RenderState, hint: SpliceHint | None, a: int, s: int) -> None:
+    """The messages now held are `hint`'s first `a` messages, a changed block, and its last `s` messages:
+    the next render tries `splice_text` first."""
+    st.splice = (hint, a, s) if hint is not None else None
 
-    def expect_splice(self, hint: SpliceHint | None, a: int, s: int) -> None:
-        """The messages now held are `hint`'s first `a` messages, a changed block, and its last `s` messages:
-        the next render tries `splice_text` first."""
-        self._splice = (hint, a, s) if hint is not None else None
 
-    def _spliced_text(self, agp: bool) -> str | None:
-        """The text of the render with `agp` by `splice_text`, or None (the hint is used up either way)."""
-        got, self._splice = self._splice, None
-        if got is None:
-            return None
-        hint, a, s = got
-        prompt = self._prompt
-        if hint.agp != agp or (agp and prompt is None):
-            return None
-        chat = self._chat
-        try:
-            if self._head is None and len(chat) >= self._reach:
-                self._head = self._render_text(chat[: self._reach], False)
-            got = splice_text(self._render_text, hint, chat, a, s, self._reach, self._head)
-        except TemplateError:
-            return None
-        if got is None or (agp and not got[0].endswith(prompt)):
-            return None
-        text, kept = got
-        if self._text is hint.text:  # the ids of the kept tail can be shifted rather than re-encoded
-            self._kept_tail = (len(hint.text) - kept, len(text) - kept)
-        self._set_core(len(chat), text[: len(text) - len(prompt)] if agp else text)
-        self.splice_renders += 1
-        return text
+def spliced_text(st: RenderState, render: Render, locality: Any, agp: bool) -> str | None:
+    """The text of the render with `agp` by `splice_text`, or None (the hint is used up either way)."""
+    got, st.splice = st.splice, None
+    if got is None:
+        return None
+    hint, a, s = got
+    prompt, reach = locality.prompt, locality.reach
+    if hint.agp != agp or (agp and prompt is None):
+        return None
+    chat = st.chat
+    try:
+        if st.head is None and len(chat) >= reach:
+            st.head = render(chat[:reach], False)
+        got = splice_text(render, hint, chat, a, s, reach, st.head)
+    except TemplateError:
+        return None
+    if got is None or (agp and not got[0].endswith(prompt)):
+        return None
+    text, kept = got
+    if st.text is hint.text:  # the ids of the kept tail can be shifted rather than re-encoded
+        st.kept_tail = (len(hint.text) - kept, len(text) - kept)
+    set_core(st, len(chat), text[: len(text) - len(prompt)] if agp else text)
+    st.splice_renders += 1
+    return text
 
-    def _tail_tokens(self, b: int, n: int) -> tuple | None:
-        """For `_retokenize` (old tokens still held, new text of length `n` re-encoded from char `b`): the
-        kept tail's new start char and its old tokens `(at, ids, starts, special ends, special counts,
-        char shift, token index)` when they can be shifted, else None. The hint is used up."""
-        (old_at, new_at), self._kept_tail = self._kept_tail, None
-        if self._opener is None or new_at < b or new_at >= n:
-            return None
-        starts = self._starts
-        t = bisect.bisect_left(starts, old_at)
-        if t >= len(starts) or starts[t] != old_at or self.tokenizer.special_tokens.get(self._opener) != self._ids[t]:
-            return None  # the tail does not begin with the turn opener's own token
-        e = bisect.bisect_right(self._sp_ends, old_at)
-        return (new_at, self._ids[t:], starts[t:], self._sp_ends[e:], self._sp_tok[e:], new_at - old_at, t)
 
-    def _append_tail(self, new_at: int, ids: list, starts: list, sp_ends: list, sp_tok: list, shift: int,
-                     t: int) -> None:
-        """Append a kept tail from `_tail_tokens` after the tokens of the text before char `new_at`: the
-        tokenizer is segmentable and the tail begins at a safe turn opener (`segments.safe_opener`),
-        so its ids are those of its own encoding, which the old text held from its token `t` on."""
-        k = len(self._ids) - t
-        self._tail_map = (t, len(self._ids), shift)
-        self._ids += ids
-        self._starts += [s + shift for s in starts]
-        self._sp_ends += [s + shift for s in sp_ends]
-        self._sp_tok += [c + k for c in sp_tok]
+def tail_tokens(st: RenderState, tokenizer: Any, opener: str | None, b: int, n: int) -> tuple | None:
+    """For `tokens.retokenize` (old tokens still held, new text of length `n` re-encoded from char `b`): the
+    kept tail's new start char and its old tokens `(at, ids, starts, special ends, special counts,
+    char shift, token index)` when they can be shifted, else None. The hint is used up."""
+    (old_at, new_at), st.kept_tail = st.kept_tail, None
+    if opener is None or new_at < b or new_at >= n:
+        return None
+    starts = st.starts
+    t = bisect.bisect_left(starts, old_at)
+    if t >= len(starts) or starts[t] != old_at or tokenizer.special_tokens.get(opener) != st.ids[t]:
+        return None  # the tail does not begin with the turn opener's own token
+    e = bisect.bisect_right(st.sp_ends, old_at)
+    return (new_at, st.ids[t:], starts[t:], st.sp_ends[e:], st.sp_tok[e:], new_at - old_at, t)
 
-    def shifted_tail(self) -> tuple[int, list, tuple[int, int, int]] | None:
-        """For `_locate`, after a render that kept the old text's tail and its ids (`_tail_map`): `(anchor,
-        regions, tail map)`: the new index of the first kept message whose regions all lie in the kept text,
-        and the old regions from it on (old positions); None when there is none. Used up either way."""
-        got, mapped, self._tail_regions, self._tail_map = self._tail_regions, self._tail_map, None, None
-        if got is None or mapped is None or len(got) < 3 or not got[1]:
-            return None
-        _b, regions, mshift = got
-        old_at = self._starts[mapped[1]] - mapped[2]
-        at = next((k for k, r in enumerate(regions)
-                   if r.start >= old_at and (k == 0 or regions[k - 1].index != r.index)), None)
-        if at is None:
-            return None
-        return regions[at].index + mshift, regions[at:], mapped
 
-    def attach_tail(self, located: list, tail: tuple, cursor: int) -> bool:
-        """Shift the old regions of `tail` (from `shifted_tail`) into place after `located` (the regions found
-        for the messages up to and including its anchor, `cursor` after them), when the anchor's regions were
-        found where its old ones lie, shifted: every later message is then found at its old place shifted,
-        since the text searched from the cursor on is the old text's, shifted. Sets `_tail_labels` for
-        `_relabel` (the kept tokens keep their labels). False: nothing done."""
-        anchor, regions, (t_old, t_new, d) = tail
-        first = regions[0].index
-        n = 0
-        while n < len(regions) and regions[n].index == first:
-            n += 1
-        if len(located) < n:
-            return False
-        mine = located[len(located) - n:]
-        if cursor != mine[-1].end or any((x.start, x.end, x.role, x.kind, x.index) != (r.start + d, r.end + d, r.role,
-                                                                                      r.kind, anchor)
-                                         for x, r in zip(mine, regions)):
-            return False
-        ts, mshift = t_new - t_old, anchor - first
-        for r in regions[n:]:
-            r.start += d
-            r.end += d
-            r.index += mshift
-            a, z = r.tokens
-            r.tokens = (a + ts, z + ts)
-            r.span = None
-        located += regions[n:]
-        self._tail_labels = (t_old, t_new, len(regions) - n)
-        self.tail_reuses += 1
-        return True
+def append_tail(st: RenderState, new_at: int, ids: list, starts: list, sp_ends: list, sp_tok: list, shift: int,
+                t: int) -> None:
+    """Append a kept tail from `tail_tokens` after the tokens of the text before char `new_at`: the
+    tokenizer is segmentable and the tail begins at a safe turn opener (`segments.safe_opener`),
+    so its ids are those of its own encoding, which the old text held from its token `t` on."""
+    k = len(st.ids) - t
+    st.tail_map = (t, len(st.ids), shift)
+    st.ids += ids
+    st.starts += [s + shift for s in starts]
+    st.sp_ends += [s + shift for s in sp_ends]
+    st.sp_tok += [c + k for c in sp_tok]
 
-    def _encode_from(self, text: str, b: int, j: int, k: int) -> None:
-        """`_retokenize` with a turn-opener cut (`segments.encode_segments`): drop the tokens from token
-        `k` (special token `j`) on and encode `text` from char `b`, shifting the ids of a kept tail when a
-        splice left one."""
-        tail = self._tail_tokens(b, len(text)) if self._kept_tail is not None else None
-        del self._ids[k:], self._starts[k:], self._sp_ends[j:], self._sp_tok[j:]
-        end = len(text) if tail is None else tail[0]
-        encode_segments(self.segments, self.tokenizer, text[b:end], b, self._opener, self._special_len,
-                        (self._ids, self._starts, self._sp_ends, self._sp_tok))
-        if tail is not None:
-            self._append_tail(*tail)
+
+def shifted_tail(st: RenderState) -> tuple[int, list, tuple[int, int, int]] | None:
+    """For `mask.locate`, after a render that kept the old text's tail and its ids (`tail_map`): `(anchor,
+    regions, tail map)`: the new index of the first kept message whose regions all lie in the kept text,
+    and the old regions from it on (old positions); None when there is none. Used up either way."""
+    got, mapped, st.tail_regions, st.tail_map = st.tail_regions, st.tail_map, None, None
+    if got is None or mapped is None or len(got) < 3 or not got[1]:
+        return None
+    _b, regions, mshift = got
+    old_at = st.starts[mapped[1]] - mapped[2]
+    at = next((k for k, r in enumerate(regions)
+               if r.start >= old_at and (k == 0 or regions[k - 1].index != r.index)), None)
+    if at is None:
+        return None
+    return regions[at].index + mshift, regions[at:], mapped
+
+
+def attach_tail(st: RenderState, located: list, tail: tuple, cursor: int) -> bool:
+    """Shift the old regions of `tail` (from `shifted_tail`) into place after `located` (the regions found
+    for the messages up to and including its anchor, `cursor` after them), when the anchor's regions were
+    found where its old ones lie, shifted: every later message is then found at its old place shifted,
+    since the text searched from the cursor on is the old text's, shifted. Sets `st.tail_labels` for
+    `mask.relabel` (the kept tokens keep their labels). False: nothing done."""
+    anchor, regions, (t_old, t_new, d) = tail
+    first = regions[0].index
+    n = 0
+    while n < len(regions) and regions[n].index == first:
+        n += 1
+    if len(located) < n:
+        return False
+    mine = located[len(located) - n:]
+    if cursor != mine[-1].end or any((x.start, x.end, x.role, x.kind, x.index) != (r.start + d, r.end + d, r.role,
+                                                                                  r.kind, anchor)
+                                     for x, r in zip(mine, regions)):
+        return False
+    ts, mshift = t_new - t_old, anchor - first
+    for r in regions[n:]:
+        r.start += d
+        r.end += d
+        r.index += mshift
+        a, z = r.tokens
+        r.tokens = (a + ts, z + ts)
+        r.span = None
+    located += regions[n:]
+    st.tail_labels = (t_old, t_new, len(regions) - n)
+    st.tail_reuses += 1
+    return True
