@@ -11,6 +11,8 @@ reaches a log: `Message.role` (`ROLES`), `Step.logprob_kind` (`LOGPROB_KINDS` or
 (`FINISH_REASONS` or None), `ToolResult.status` (`TOOL_STATUSES`), `EpisodeEnd.outcome` (`END_OUTCOMES`) and
 `EpisodeEnd.reward_kind` (`REWARD_KINDS`). A bad value is an `EventFormatError` naming the field, the value
 and the allowed ones; `event_from_dict` turns it into a `LogFormatError` (the log reader adds file and line).
+A `Step`'s per-token lists are checked the same way: `logprobs` and `raw_logprobs`, when given, hold one
+entry per `token_ids` entry, else an `AlignmentError` (an `EventFormatError`) names the field and both lengths.
 """
 
 from __future__ import annotations
@@ -66,6 +68,20 @@ REWARD_KINDS: tuple[str, ...] = RewardKind.__args__  # type: ignore[attr-defined
 
 Content = Union[str, tuple[Mapping[str, Any], ...], None]
 """Message content: a string, a tuple of text parts `{"type": "text", "text": ...}`, or None."""
+
+
+class AlignmentError(EventFormatError):
+    """A per-token field of an event (`Step.logprobs`, `Step.raw_logprobs`) that is not as long as the
+    event's `token_ids`. An `EventFormatError`: `kind` and `field` say which event kind and field, `value`
+    is the field's length and `allowed` the one length it may have (`(len(token_ids),)`)."""
+
+    def __init__(self, kind: str, field: str, length: int, n_tokens: int):
+        Exception.__init__(self, f"{kind} event: {field} has {length} entries for {n_tokens} token_ids; "
+                                 "they must be aligned, one per sampled token")
+        self.kind, self.field, self.value, self.allowed = kind, field, length, (n_tokens,)
+
+    def __reduce__(self):
+        return type(self), (self.kind, self.field, self.value, self.allowed[0])
 
 
 def check_choice(kind: str, field_name: str, value: Any, allowed: tuple, *, optional: bool = False) -> None:
@@ -211,6 +227,11 @@ class Step(EventBase):
     def __post_init__(self) -> None:
         check_choice(self.kind, "logprob_kind", self.logprob_kind, LOGPROB_KINDS, optional=True)
         check_choice(self.kind, "finish_reason", self.finish_reason, FINISH_REASONS, optional=True)
+        n_tokens = len(self.token_ids)
+        for name in ("logprobs", "raw_logprobs"):
+            values = getattr(self, name)
+            if values is not None and len(values) != n_tokens:
+                raise AlignmentError(self.kind, name, len(values), n_tokens)
 
 
 @dataclass(frozen=True, kw_only=True)

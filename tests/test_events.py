@@ -49,13 +49,14 @@ EVENTS = st.one_of(
     st.builds(Message, role=st.sampled_from(["system", "user", "assistant", "tool"]), content=content,
               tool_calls=st.lists(tool_call, max_size=2).map(tuple), tool_call_id=st.none() | text,
               name=st.none() | text, reasoning_content=st.none() | text, extra=json_obj, **base),
-    st.builds(Step, context_hash=text, context_length=st.integers(0, 10**6),
-              token_ids=st.lists(st.integers(0, 200_000), max_size=20).map(tuple),
-              logprobs=st.none() | st.lists(st.floats(max_value=0, allow_nan=False, allow_infinity=False), max_size=20).map(tuple),
+    st.lists(st.integers(0, 200_000), max_size=20).flatmap(lambda ids: st.builds(
+              Step, context_hash=text, context_length=st.integers(0, 10**6), token_ids=st.just(tuple(ids)),
+              logprobs=st.none() | st.lists(st.floats(max_value=0, allow_nan=False, allow_infinity=False),
+                                            min_size=len(ids), max_size=len(ids)).map(tuple),
               logprob_kind=st.sampled_from([None, "raw", "processed", "recomputed"]), sampling=json_obj,
               policy_version=st.none() | st.integers(0, 100) | text,
               finish_reason=st.sampled_from((None, *FINISH_REASONS)), content=content,
-              tool_calls=st.lists(tool_call, max_size=2).map(tuple), **base),
+              tool_calls=st.lists(tool_call, max_size=2).map(tuple), **base)),
     st.builds(ToolResult, tool_call_id=text, name=st.none() | text, content=content,
               status=st.sampled_from(["ok", "error", "timeout"]), duration_s=st.none() | st.floats(0, 1e4), **base),
     st.builds(Pin, pin_id=text, text=text, source_event_id=st.none() | text, rule=st.none() | text, **base),
@@ -163,3 +164,32 @@ def test_event_ids_ignore_measured_times():
     s1 = Step(token_ids=(1, 2), timings={"decode": 0.1})
     s2 = Step(token_ids=(1, 2), timings={"decode": 0.9})
     assert event_id(s1, 7) == event_id(s2, 7) != event_id(s1, 8)
+
+
+@pytest.mark.parametrize("fields, field, n", [
+    ({"token_ids": (1, 2, 3), "logprobs": (-0.5, -0.25)}, "logprobs", 2),
+    ({"token_ids": (), "logprobs": (-0.5,)}, "logprobs", 1),
+    ({"token_ids": (1, 2), "logprobs": (-0.5, -0.25), "raw_logprobs": (-0.5,)}, "raw_logprobs", 1),
+])
+def test_step_logprobs_must_line_up_with_its_tokens(fields, field, n):
+    import pickle
+
+    from ctxkit.errors import EventFormatError
+    from ctxkit.events import AlignmentError
+
+    n_tokens = len(fields["token_ids"])
+    message = f"step event: {field} has {n} entries for {n_tokens} token_ids; they must be aligned"
+    with pytest.raises(EventFormatError, match=message) as info:
+        Step(**fields)
+    exc = info.value
+    assert isinstance(exc, AlignmentError) and (exc.kind, exc.field, exc.value, exc.allowed) == ("step", field, n, (n_tokens,))
+    again = pickle.loads(pickle.dumps(exc))
+    assert str(again) == str(exc) and type(again) is AlignmentError
+    # a line read from a log holding such a step is a LogFormatError naming the field and both lengths
+    data = event_to_dict(Step(token_ids=fields["token_ids"]))
+    data.update({k: list(v) for k, v in fields.items()})
+    with pytest.raises(LogFormatError, match=f"event: {message}"):
+        event_from_dict(data)
+    # aligned, or without log-probs, is fine
+    assert Step(token_ids=(1, 2), logprobs=(-0.5, -0.25), raw_logprobs=(-0.5, -0.2)).logprobs == (-0.5, -0.25)
+    assert Step(token_ids=(1, 2)).logprobs is None

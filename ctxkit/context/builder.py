@@ -132,6 +132,9 @@ class ContextBuilder:
             raise ConfigError(f"ContextBuilder: budget is {budget!r}; expected a positive integer (tokens)")
         if isinstance(reserve_tokens, bool) or not isinstance(reserve_tokens, int) or not 0 <= reserve_tokens < budget:
             raise ConfigError(f"ContextBuilder: reserve_tokens is {reserve_tokens!r}; expected 0 <= reserve_tokens < budget ({budget})")
+        if params is not None and not isinstance(params, Mapping):
+            raise ConfigError(f"ContextBuilder: params is a {type(params).__name__} ({params!r}); expected a mapping of "
+                              "compressor parameter names to values, e.g. {'keep_last': 2}")
         self.tokenizer = load_tokenizer(tokenizer)
         self.template_spec = template if (template is None or isinstance(template, str)) else getattr(template, "name", None)
         self.template = load_template(template, self.tokenizer)

@@ -39,6 +39,9 @@ from ctxkit.log.locks import in_flight_wait_s, wait_in_flight, write_lock
 HEADER_KEY = "ctxkit_log"
 """Header key holding the schema version; its presence marks a file as a ctxkit log."""
 
+EMPTY_LOG = "empty log: no header line (a ctxkit log starts with its header; was the file truncated or never written?)"
+"""What every reader says of a log file with no bytes at all (a `LogFormatError` naming the file, line 1)."""
+
 __all__ = ["HEADER_KEY", "Problem", "RepairReport", "VerifyReport", "iter_events", "read_events", "read_header", "repair",
            "verify"]
 
@@ -135,12 +138,44 @@ def check_finite(value: Any, where: str) -> None:
 _LEAVES = frozenset({str, int, bool, type(None)})
 
 
+def not_utf8(value: Any, where: str = "") -> tuple[str, str] | None:
+    """`(place, text)` of the first string (key or value) in `value` that is not valid UTF-8 (surrogates, e.g.
+    the escaped bytes of a file name that is not UTF-8), `place` dotted from `where` (`.key[0]`), or None."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return where, value
+        return None
+    items = value.items() if isinstance(value, (dict, abc.Mapping)) else (
+        ((f"[{i}]", v) for i, v in enumerate(value)) if isinstance(value, (list, tuple)) else ())
+    for key, item in items:
+        place = key if isinstance(value, (list, tuple)) else f".{key}"
+        found = not_utf8(key, f"{where}[key]") if isinstance(key, str) and place[0] == "." else None
+        found = found or not_utf8(item, where + place)
+        if found is not None:
+            return found
+    return None
+
+
+def json_error(obj: Any, where: str, exc: Exception) -> ConfigError:
+    """The `ConfigError` for `obj` failing to serialize as JSON (`exc`): names the field whose text is not
+    UTF-8 when that is the cause, else `where` and orjson's reason."""
+    found = not_utf8(obj) if "surrogates not allowed" in str(exc) else None
+    if found is not None:
+        return ConfigError(f"{where}: {found[0].lstrip('.') or 'the value'} is not UTF-8 text ({found[1]!r}); a log "
+                           "holds only UTF-8 JSON (record a file name as os.fsencode(path).decode('utf-8', "
+                           "'backslashreplace'))")
+    return ConfigError(f"{where} is not JSON-serializable: {exc}")
+
+
 def dumps_checked(obj: Any, where: str) -> bytes:
-    """Canonical bytes of `obj`; `ConfigError` naming `where` when it is not JSON or holds NaN/inf."""
+    """Canonical bytes of `obj`; `ConfigError` naming `where` when it is not JSON (naming the field whose
+    text is not UTF-8) or holds NaN/inf."""
     try:
         data = canonical(obj)
     except orjson.JSONEncodeError as exc:
-        raise ConfigError(f"{where} is not JSON-serializable: {exc}") from None
+        raise json_error(obj, where, exc) from None
     check_finite(obj, where)
     return data
 
@@ -320,7 +355,7 @@ def checked_scan(path: Path, *, settle: bool = True) -> Scan:
     except LineProblem as bad:
         raise bad.error(path) from None
     if scan.header is None and not scan.torn:
-        raise LogFormatError("empty file: not a ctxkit log (no header)", path=str(path), line=1)
+        raise LogFormatError(EMPTY_LOG, path=str(path), line=1)
     return scan
 
 
@@ -375,7 +410,7 @@ def iter_events(path, *, allow_torn: bool = False) -> Iterator[Event]:
                 raise bad.error(path) from None
             yield event
         if line == 0:
-            raise LogFormatError("empty file: not a ctxkit log (no header)", path=str(path), line=1)
+            raise LogFormatError(EMPTY_LOG, path=str(path), line=1)
 
 
 def read_header(path) -> dict[str, Any]:
@@ -386,6 +421,8 @@ def read_header(path) -> dict[str, Any]:
             first = fh.readline()
     except OSError as exc:
         raise LogFormatError(f"cannot read: {exc.strerror}", path=str(path)) from None
+    if not first:
+        raise LogFormatError(EMPTY_LOG, path=str(path), line=1)
     if not first.endswith(b"\n"):
         raise TornLineError("the header line is incomplete", path=str(path), line=1)
     try:
@@ -400,7 +437,7 @@ def verify(path) -> VerifyReport:
     scan = scan_log(path, collect=True, keep_events=False)
     problems = [Problem(b.line, b.code, b.message) for b in scan.problems]
     if scan.n_lines == 0 and not scan.torn:
-        problems.append(Problem(1, "empty", "empty file: not a ctxkit log (no header)"))
+        problems.append(Problem(1, "empty", EMPTY_LOG))
     if scan.torn:
         bad = torn_problem(scan, path)
         problems.append(Problem(bad.line, bad.code, bad.message))
@@ -414,6 +451,8 @@ def repair(path) -> RepairReport:
     (`LogFormatError` naming the line)."""
     path = Path(path)
     scan = _repairable(path, settle=True)
+    if scan.n_lines == 0 and not scan.torn:  # no bytes at all: nothing a repair could keep
+        raise LogFormatError(EMPTY_LOG, path=str(path), line=1)
     if not scan.torn:  # nothing to write, so no lock taken
         return RepairReport(path=str(path), removed_bytes=0, completed_line=False, side_file=None,
                             n_events=max(scan.n_lines - 1, 0))

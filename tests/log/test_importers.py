@@ -177,7 +177,7 @@ def test_cli_out_dir_select_and_tools(tmp_path, capsys):
     assert events[0].episode_id == "task-0-trial-0" and len(events[0].tools) == 14
     assert (events[-1].reward_kind, events[-1].reward) == ("scored", 0.0)
     assert main(["import", str(traj(TAU)), "--out-dir", str(out), "--select", "0"]) == 2
-    assert "task-0-trial-0.jsonl already exists" in capsys.readouterr().err
+    assert "task-0-trial-0.jsonl: already exists; pass --force to replace it" in capsys.readouterr().err
 
 
 def test_cli_one_episode_and_errors(tmp_path, capsys):

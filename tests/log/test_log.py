@@ -100,10 +100,10 @@ def test_extreme_numbers_round_trip(tmp_path):
     path = tmp_path / "n.jsonl"
     values = (-0.0, 5e-324, -1.7976931348623157e308, 0.1 + 0.2, -1e-300)
     with EventLog.create(path) as log:
-        log.append(Step(token_ids=(2**31 - 1, 0), logprobs=values, policy_version=2**62))
+        log.append(Step(token_ids=(2**31 - 1, 0, 1, 2, 3), logprobs=values, policy_version=2**62))
     got = read_events(path)[0]
     assert [struct.pack("<d", v) for v in got.logprobs] == [struct.pack("<d", v) for v in values]
-    assert got.policy_version == 2**62 and got.token_ids == (2**31 - 1, 0)
+    assert got.policy_version == 2**62 and got.token_ids == (2**31 - 1, 0, 1, 2, 3)
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])

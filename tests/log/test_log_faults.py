@@ -122,7 +122,7 @@ def test_torn_header(tmp_path):
     path.write_bytes(b'{"ctxkit_log": 1, "episo')
     assert [(p.line, p.code) for p in verify(path).problems] == [(1, "torn")]
     assert repair(path).removed_bytes == 24
-    with pytest.raises(LogFormatError, match=r"ep\.jsonl:1: empty file"):
+    with pytest.raises(LogFormatError, match=r"ep\.jsonl:1: empty log: no header line"):
         EventLog.open(path)
 
 
@@ -370,3 +370,17 @@ def test_edited_header_and_foreign_files(tmp_path):
     empty.write_bytes(b"")
     assert _first_error(empty).line == 1
     assert _problems(empty) == [(1, "empty")]
+
+
+def test_an_empty_log_file_says_so_everywhere(tmp_path):
+    from ctxkit.log.event_log import iter_events, read_header
+
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(b"")
+    message = rf"{empty}:1: empty log: no header line"
+    for read in (read_header, read_events, lambda p: list(iter_events(p)), EventLog.open, repair,
+                 lambda p: EventLog.open(p, lock="writer")):
+        with pytest.raises(LogFormatError, match=message) as info:
+            read(empty)
+        assert type(info.value) is LogFormatError and info.value.path == str(empty) and info.value.line == 1
+    assert [(p.line, p.code, p.message.split(" (")[0]) for p in verify(empty).problems] == [(1, "empty", "empty log: no header line")]

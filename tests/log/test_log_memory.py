@@ -81,7 +81,7 @@ def test_stamp_is_what_both_logs_record(tmp_path):
 @pytest.mark.parametrize("bad, pattern", [
     (Message(role="user", content="x", seq=3, id="e3-00000000"), r"already has seq=3"),
     ({"role": "user"}, r"event 0: dict is not an event type"),
-    (Step(logprobs=(math.nan,)), r"event 0 \(step\).logprobs\[0\] is nan"),
+    (Step(token_ids=(7,), logprobs=(math.nan,)), r"event 0 \(step\).logprobs\[0\] is nan"),
 ])
 def test_both_logs_refuse_the_same_events_the_same_way(tmp_path, bad, pattern):
     memory = MemoryLog()
@@ -95,7 +95,7 @@ def test_both_logs_refuse_the_same_events_the_same_way(tmp_path, bad, pattern):
 def test_extend_is_all_or_nothing_in_memory_too():
     memory = MemoryLog()
     with pytest.raises(ConfigError):
-        memory.extend([Message(role="user", content="kept?"), Step(logprobs=(math.inf,))])
+        memory.extend([Message(role="user", content="kept?"), Step(token_ids=(7,), logprobs=(math.inf,))])
     assert memory.events() == ()
 
 

@@ -98,7 +98,7 @@ def test_iter_events_of_files_that_are_not_logs(tmp_path):
     with pytest.raises(LogFormatError, match="no such log file"):
         list(iter_events(tmp_path / "missing.jsonl"))
     (tmp_path / "empty.jsonl").write_bytes(b"")
-    with pytest.raises(LogFormatError, match="empty file"):
+    with pytest.raises(LogFormatError, match="empty log: no header line"):
         list(iter_events(tmp_path / "empty.jsonl"))
     (tmp_path / "half.jsonl").write_bytes(b'{"ctxkit_log": 1')
     with pytest.raises(TornLineError, match="header line is incomplete"):

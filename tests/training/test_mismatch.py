@@ -150,3 +150,58 @@ def test_unknown_order_override_is_refused_before_reading(tmp_path):
 
     with pytest.raises(ConfigError, match=r"order='sglang': unknown; expected one of \['hf', 'vllm', 'llama.cpp'\]"):
         score_steps(tmp_path / "never-read.jsonl", None, order="sglang")
+
+
+def _log(path, **step):
+    from ctxkit.events import EpisodeStart, Message, Step
+    from ctxkit.log.event_log import EventLog
+
+    with EventLog.create(path, episode_id=path.stem) as log:
+        log.extend([EpisodeStart(episode_id=path.stem), Message(role="user", content="hi"),
+                    Step(token_ids=(1, 2), content="yo", **step)])
+    return path
+
+
+@pytest.fixture()
+def no_model(monkeypatch):
+    """Fail the test if anything tries to load a model."""
+    import ctxkit.training.mismatch.scoring as scoring
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model loader was called")
+
+    monkeypatch.setattr(scoring, "load_causal_lm", refuse)
+
+
+@pytest.mark.parametrize("device", ["tpu", "cuda:x", "gpu0"])
+def test_a_bad_device_fails_before_any_model_loads(tmp_path, capsys, no_model, device):
+    import time
+
+    log = _log(tmp_path / "ep.jsonl", logprobs=(-0.1, -0.2), logprob_kind="processed")
+    start = time.perf_counter()
+    assert main(["mismatch", str(log), "--model", "default", "--device", device]) == 2
+    assert time.perf_counter() - start < 5
+    assert f"mismatch: device {device!r}: expected cpu, cuda, cuda:N or mps" in capsys.readouterr().err
+    from ctxkit.training.mismatch.scoring import score_logs
+
+    with pytest.raises(ConfigError, match="expected cpu, cuda, cuda:N or mps"):
+        score_logs([log], device=device)
+
+
+@pytest.mark.parametrize("step, held", [
+    ({}, "1 step(s), logprob_kind None"),
+    ({"logprob_kind": "none"}, "1 step(s), logprob_kind none"),
+    ({"logprob_kind": "recomputed", "logprobs": (-0.1, -0.2)}, "1 step(s), logprob_kind recomputed"),
+])
+def test_a_log_without_log_probs_fails_before_any_model_loads(tmp_path, capsys, no_model, step, held):
+    good = _log(tmp_path / "good.jsonl", logprobs=(-0.1, -0.2), logprob_kind="processed")
+    bare = _log(tmp_path / "bare.jsonl", **step)
+    assert main(["mismatch", str(good), str(bare), "--model", "default"]) == 2
+    err = capsys.readouterr().err
+    assert f"mismatch: log {bare} holds no step with raw or processed log-probs ({held}); nothing to re-score" in err, err
+
+
+def test_a_step_of_a_scored_kind_without_log_probs_is_named(tmp_path, capsys, no_model):
+    bad = _log(tmp_path / "bad.jsonl", logprob_kind="raw")
+    assert main(["mismatch", str(bad), "--model", "default"]) == 2
+    assert f"{bad}: step 0 (seq 2): logprob_kind 'raw' but no log-probs recorded" in capsys.readouterr().err

@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 
 from ctxkit.cli.commands.argtypes import non_negative_int, positive_int
-from ctxkit.errors import ConfigError
+from ctxkit.errors import ConfigError, LogFormatError
 
 
 def register_compressors(subparsers) -> None:
@@ -112,6 +112,7 @@ def _build(args: argparse.Namespace) -> int:
             # one that passes appends what it recorded (detected pins, the compaction) in one batch, with the
             # same seq and ids the copy gave them (ids ignore ts)
             recorded = log.events()
+            _require_messages(recorded, args.log)
             memory = MemoryLog(recorded)
             ctx = builder.build(memory)
             log.extend(dataclasses.replace(e, seq=None, id=None, ts=None) for e in memory.events()[len(recorded):])
@@ -120,6 +121,7 @@ def _build(args: argparse.Namespace) -> int:
             log.close()
         return 0
     events = [e for e in read_events(args.log) if not isinstance(e, (Compaction, EpisodeEnd))]
+    _require_messages(events, args.log)
     points = decision_points(events)
     targets = list(range(len(points) + 1))
     if args.step is not None:
@@ -139,6 +141,15 @@ def _build(args: argparse.Namespace) -> int:
         if k in targets:
             _emit(args, k, fed, ctx)
     return 0
+
+
+def _require_messages(events, path: str) -> None:
+    """`LogFormatError` naming the log when it holds no chat message (nothing a context could be built from)."""
+    from ctxkit.events import Message, Step, ToolResult  # lazy: per command: keeps `ctxkit --help` fast
+
+    if not any(isinstance(e, (Message, Step, ToolResult)) for e in events):
+        raise LogFormatError(f"the log holds no messages to build a context from ({len(events)} event(s), none a "
+                             "message, step or tool result)", path=str(path))
 
 
 def _emit(args: argparse.Namespace, step: int, n_events: int, ctx) -> None:

