@@ -97,12 +97,39 @@ def test_mismatch_refuses_existing_outputs_before_loading_anything(tmp_path, cap
         _refused(capsys, option, out)
 
 
+def test_view_refuses_an_existing_page_unless_forced(log_path, tmp_path, capsys):
+    out = tmp_path / "v.html"
+    out.write_text("keep me")
+    assert main(["view", str(log_path), "-o", str(out)]) == 2
+    _refused(capsys, "-o", out)
+    assert out.read_text() == "keep me"
+    assert main(["view", str(log_path), "-o", str(out), "--force"]) == 0
+    assert out.read_text().startswith("<!DOCTYPE html") or "<html" in out.read_text()
+
+
+def test_view_serve_exits_130_on_ctrl_c(log_path, monkeypatch, capsys):
+    import ctxkit.viewer
+
+    class Interrupted:
+        server_address = ("127.0.0.1", 1)
+
+        def serve_forever(self):
+            raise KeyboardInterrupt
+
+        def server_close(self):
+            pass
+
+    monkeypatch.setattr(ctxkit.viewer, "serve_page", lambda page, port: Interrupted())
+    assert main(["view", str(log_path), "--serve"]) == 130
+    assert "interrupted" in capsys.readouterr().err
+
+
 def test_every_writing_command_has_force():
     from ctxkit.cli.parser import build_parser
 
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command").choices
-    for name in ("samples", "import", "mismatch"):
+    for name in ("samples", "import", "mismatch", "view"):
         assert "--force" in sub[name]._option_string_actions, name
 
 

@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 from ctxkit.cli.commands.argtypes import non_negative_int
+from ctxkit.cli.commands.outputs import add_force, refuse_existing
 
 
 def register_view(subparsers: Any) -> None:
@@ -32,6 +33,7 @@ def register_view(subparsers: Any) -> None:
                    help="with --serve: port on 127.0.0.1 (default 8765; 0 picks a free one)")
     p.add_argument("--tokenizer", help="tokenizer spec to replay with instead of the recorded one (its id must match)")
     p.add_argument("--template", help="template spec to replay with instead of the recorded one (its id must match)")
+    add_force(p)
     p.set_defaults(func=_view)
 
 
@@ -41,6 +43,8 @@ def _view(args: argparse.Namespace) -> int:
 
     if args.output is not None and not args.output.lower().endswith((".html", ".htm")):
         raise ConfigError(f"-o {args.output}: expected an .html file name")
+    if args.output is not None:
+        refuse_existing(args.output, "-o", args.force)
     page = build_page(args.paths, tokenizer=args.tokenizer, template=args.template)
     what = _describe(page)
     if args.output is not None:
@@ -53,6 +57,7 @@ def _view(args: argparse.Namespace) -> int:
         server.serve_forever()
     except KeyboardInterrupt:
         print("stopped", file=sys.stderr)
+        raise  # `main` reports the interrupt and exits 130, as for every command
     finally:
         server.server_close()
     return 0
