@@ -84,7 +84,7 @@ class IncrementalRenderer:
         """The policy role -> allow | escape | error (see `ctxkit.text.special_tokens`)."""
         self.template: ChatTemplate = load_template(template, self.tokenizer)
         """The chat template."""
-        self.tools = None if tools is None else list(tools)
+        self.tools = None if tools is None else list(_checked_list(tools, "tools", "tool schema"))
         """The tool schemas given, or None."""
         self._tools_plain = None if tools is None else plain_value(list(tools), "tools") if segments is None else segments.plain_tools(tools)
         self._profile = template_profile(self.tokenizer, self.template)
@@ -166,7 +166,7 @@ class IncrementalRenderer:
 
     def extend(self, messages: Iterable[Mapping[str, Any]]) -> None:
         """Append several messages."""
-        for m in messages:
+        for m in _checked_list(messages, "messages", "message"):
             self.append(m)
 
     def cut(self, n: int) -> None:
@@ -245,6 +245,20 @@ class IncrementalRenderer:
         except BaseException:
             reset_rendered(st)  # the next render starts from scratch rather than from half-updated state
             raise
+
+
+def _checked_list(items: Any, param: str, what: str) -> Any:
+    """`items` when it is a list-like of mappings (a generator passes through: each item is checked where it is
+    used); a `MessageFormatError` naming `param` for a string, a single mapping, None or another non-sequence,
+    which would otherwise be iterated character by character or key by key."""
+    if isinstance(items, (str, bytes, Mapping)) or items is None or not hasattr(items, "__iter__"):
+        hint = f"; wrap one {what} in a list" if isinstance(items, Mapping) else ""
+        raise MessageFormatError(f"{param}: expected a list of {what}s (dicts), got {type(items).__name__}{hint}")
+    if isinstance(items, Sequence):
+        for i, item in enumerate(items):
+            if not isinstance(item, Mapping):
+                raise MessageFormatError(f"{what.split()[0]} {i}: expected a dict, got {type(item).__name__}")
+    return items
 
 
 def render(
