@@ -49,10 +49,15 @@ ChatML template's markers encode as single special tokens. Ordinary text encodes
 encoding; the tokenizer id says `+chatml`."""
 
 
+CHECKOUT_PARENT = Path(__file__).resolve().parents[4]
+"""The folder holding the repository checkout (`<it>/<checkout>/ctxkit/text/tokenizer/this file`): where
+`shared/` sits beside a checkout."""
+
+
 def shared_dir() -> Path:
     """The shared fixtures folder: `$CTXKIT_SHARED`, else `shared/` beside the repository checkout."""
     env = os.environ.get(SHARED_ENV)
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "shared"
+    return Path(env) if env else CHECKOUT_PARENT / "shared"
 
 
 def tiktoken_search_dirs() -> list[Path]:
@@ -63,7 +68,7 @@ def tiktoken_search_dirs() -> list[Path]:
     if os.environ.get(TIKTOKEN_ENV):
         dirs.append(Path(os.environ[TIKTOKEN_ENV]))
     dirs.append(shared_dir() / "tiktoken")
-    sibling = Path(__file__).resolve().parents[2] / "shared" / "tiktoken"
+    sibling = CHECKOUT_PARENT / "shared" / "tiktoken"
     if sibling not in dirs:
         dirs.append(sibling)
     try:
