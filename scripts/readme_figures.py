@@ -282,6 +282,9 @@ def fig_replay_samples(ws: Workspace, s: dict[str, Any]) -> str:
     """The worked example: `ctxkit replay --verify` and `ctxkit samples` on one log, with what they print."""
     n_steps = sum(e.kind == "step" for e in events(ws.cwd / SAMPLES_LOG))
     cmds = [f"ctxkit replay --verify {SAMPLES_LOG}", f"ctxkit samples {SAMPLES_LOG} -o s.parquet"]
+    # `samples` refuses an existing output (the overwrite rule); the README's own run of the block may have
+    # written it in this workspace already
+    (ws.cwd / "s.parquet").unlink(missing_ok=True)
     out = [f"Worked example, from the quickstart run (scripted agents, `calculator-chain`, seed 0, {n_steps} steps):",
            "", "```bash"]
     for cmd in cmds:
@@ -365,6 +368,8 @@ def fig_trajectory_samples(ws: Workspace, s: dict[str, Any]) -> str:
     samples at 4096 (episodes cut where a context cannot fit) and 8192 tokens; the wall time of the whole
     sequence is a timing."""
     shutil.rmtree(ws.cwd / "runs" / "tau", ignore_errors=True)
+    for name in ("tau-8192.parquet", "tau-4096.parquet"):  # `samples` refuses an existing output
+        (ws.cwd / "runs" / name).unlink(missing_ok=True)
     cmds = [f"ctxkit import {TAU} --tools {TAU_TOOLS} --out-dir runs/tau --tokenizer {QWEN25}",
             "ctxkit replay --verify runs/tau/task-0-trial-0.jsonl",
             "ctxkit samples runs/tau --compressor window --budget 8192 -o runs/tau-8192.parquet",
