@@ -29,6 +29,20 @@ class EventFormatError(CtxkitError, ValueError):
         return type(self), (self.kind, self.field, self.value, self.allowed)
 
 
+class AlignmentError(EventFormatError):
+    """A per-token field of an event (`Step.logprobs`, `Step.raw_logprobs`) that is not as long as the
+    event's `token_ids`. An `EventFormatError`: `kind` and `field` say which event kind and field, `value`
+    is the field's length and `allowed` the one length it may have (`(len(token_ids),)`)."""
+
+    def __init__(self, kind: str, field: str, length: int, n_tokens: int):
+        Exception.__init__(self, f"{kind} event: {field} has {length} entries for {n_tokens} token_ids; "
+                                 "they must be aligned, one per sampled token")
+        self.kind, self.field, self.value, self.allowed = kind, field, length, (n_tokens,)
+
+    def __reduce__(self):
+        return type(self), (self.kind, self.field, self.value, self.allowed[0])
+
+
 class LogFormatError(CtxkitError):
     """An event log is malformed or corrupt. `path` and `line` (1-based) say where, when known."""
 

@@ -20,12 +20,13 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal, Mapping, Union
 import hashlib
 import orjson
 
 from ctxkit.content import check_content, flatten_content
-from ctxkit.errors import EventFormatError, LogFormatError, MessageFormatError
+from ctxkit.errors import AlignmentError, EventFormatError, LogFormatError, MessageFormatError
 from ctxkit.edits import Edit, edit_from_dict, edit_to_dict
 
 SCHEMA_VERSION = 1
@@ -68,20 +69,6 @@ REWARD_KINDS: tuple[str, ...] = RewardKind.__args__  # type: ignore[attr-defined
 
 Content = Union[str, tuple[Mapping[str, Any], ...], None]
 """Message content: a string, a tuple of text parts `{"type": "text", "text": ...}`, or None."""
-
-
-class AlignmentError(EventFormatError):
-    """A per-token field of an event (`Step.logprobs`, `Step.raw_logprobs`) that is not as long as the
-    event's `token_ids`. An `EventFormatError`: `kind` and `field` say which event kind and field, `value`
-    is the field's length and `allowed` the one length it may have (`(len(token_ids),)`)."""
-
-    def __init__(self, kind: str, field: str, length: int, n_tokens: int):
-        Exception.__init__(self, f"{kind} event: {field} has {length} entries for {n_tokens} token_ids; "
-                                 "they must be aligned, one per sampled token")
-        self.kind, self.field, self.value, self.allowed = kind, field, length, (n_tokens,)
-
-    def __reduce__(self):
-        return type(self), (self.kind, self.field, self.value, self.allowed[0])
 
 
 def check_choice(kind: str, field_name: str, value: Any, allowed: tuple, *, optional: bool = False) -> None:
@@ -129,14 +116,22 @@ class ToolCall:
         """The OpenAI wire shape `{"id", "type": "function", "function": {"name", "arguments"}}`."""
         return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
 
-    def __hash__(self) -> int:
-        # Object arguments are dicts, which do not hash: hash their canonical JSON, so a call (and every
-        # frozen record holding one, such as a view message keying a render cache) is hashable either way.
-        # Equal calls hash equal: equal objects have equal canonical JSON.
+    @cached_property
+    def _hash(self) -> int:
         arguments = self.arguments
         if not isinstance(arguments, str):
             arguments = ("object", json.dumps(arguments, sort_keys=True, ensure_ascii=False, default=repr))
         return hash((self.id, self.name, arguments))
+
+    def __getstate__(self) -> dict[str, Any]:
+        # the cached hash is this process's (string hashing is salted per process): never pickle it
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
+    def __hash__(self) -> int:
+        # Object arguments are dicts, which do not hash: hash their canonical JSON (once per call object), so
+        # a call, and every frozen record holding one (a view message keying a render cache), is hashable
+        # either way. Equal calls hash equal: equal objects have equal canonical JSON.
+        return self._hash
 
 
 @dataclass(frozen=True, kw_only=True)

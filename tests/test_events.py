@@ -175,7 +175,7 @@ def test_step_logprobs_must_line_up_with_its_tokens(fields, field, n):
     import pickle
 
     from ctxkit.errors import EventFormatError
-    from ctxkit.events import AlignmentError
+    from ctxkit.errors import AlignmentError
 
     n_tokens = len(fields["token_ids"])
     message = f"step event: {field} has {n} entries for {n_tokens} token_ids; they must be aligned"

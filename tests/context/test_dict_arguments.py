@@ -105,3 +105,13 @@ def test_message_from_openai_object_arguments_build(tok):
                 ToolResult(tool_call_id="c1", name="read", content="print(1)")])
     ctx = ContextBuilder(tok, compressor="mask-observations", budget=4000).build(log)
     assert ctx.hash == rebuild(log.events(), tokenizer=tok).hash
+
+
+def test_a_pickled_call_carries_no_cached_hash():
+    """String hashing is salted per process: a hash cached in one must not travel to another (Ray, workers)."""
+    import pickle
+
+    call = ToolCall("c", "read", {"path": "a"})
+    hash(call)
+    again = pickle.loads(pickle.dumps(call))
+    assert "_hash" not in again.__dict__ and again == call and hash(again) == hash(call)
