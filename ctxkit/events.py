@@ -103,8 +103,10 @@ class ToolCall:
     name: str
     """Tool (function) name."""
     arguments: str | Mapping[str, Any]
-    """Arguments exactly as given: the JSON text the model produced (kept verbatim, never re-serialized),
-    or an object when the conversation gave one (HF style), so templates render it as the source did."""
+    """Arguments exactly as given: the JSON text the model produced (kept verbatim, never re-serialized,
+    recorded even when it is not valid JSON, as a policy may sample), or an object when the conversation gave
+    one (HF style), so templates render it as the source did. `render()` of raw chat dicts, an edge where
+    such text is a mistake, refuses arguments that are not JSON."""
 
     def arguments_text(self) -> str:
         """The arguments as JSON text: verbatim when given as text, else the object serialized."""

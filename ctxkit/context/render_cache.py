@@ -145,7 +145,7 @@ class RenderCache:
                 s = shared_suffix(msgs, old_msgs, min(len(msgs), len(old_msgs)) - n)
                 if s and n < len(old_msgs):  # one changed block: the kept tail is spliced, not appended again
                     renderer.splice(n, s, [self._chat(m) for m in msgs[n : len(msgs) - s]],
-                                    lambda: [self._chat(m) for m in msgs[len(msgs) - s :]])
+                                    lambda: [self._chat(m) for m in msgs[len(msgs) - s :]], form_checked=True)
                     n = len(msgs)
                 else:
                     renderer.cut(n)
@@ -153,7 +153,7 @@ class RenderCache:
             renderer = IncrementalRenderer(self.tokenizer, self.template, view.tools or None, self.special_tokens,
                                            segments=self.segments)
         for m in msgs[n:]:
-            renderer.append(*self._chat(m))
+            renderer.append(*self._chat(m), form_checked=True)  # a view's messages: their events checked the form
         out = renderer.render(add_generation_prompt=True)
         if cache:
             self._bases.append((renderer, msgs, view.tools))

@@ -126,8 +126,12 @@ class IncrementalRenderer:
         """The normalized chat dicts held (read-only view for tests: `state.chat`)."""
         return self.state.chat
 
-    def append(self, message: Mapping[str, Any], key: Any = None) -> None:
-        """Add one OpenAI message (validated; an assistant may carry sampled `token_ids`); `key`: its `message_key`."""
+    def append(self, message: Mapping[str, Any], key: Any = None, *, form_checked: bool = False) -> None:
+        """Add one OpenAI message (validated; an assistant may carry sampled `token_ids`); `key`: its `message_key`.
+
+        `form_checked`: its form was checked where it entered (a view's message, made from checked events),
+        so only the checks that depend on this tokenizer and the messages before it run
+        (`ctxkit.text.chat_messages.validate_message`)."""
         st = self.state
         index = len(st.messages)
         key = (message_key(message) if key is None else key) if (cache := self.segments) is not None else None
@@ -137,7 +141,8 @@ class IncrementalRenderer:
             clean, sampled, chat, found, made, marked = hit
             st.call_ids.update(made)
         else:
-            clean, sampled = validate_message(message, index, st.call_ids, self.tokenizer.vocab_size)
+            clean, sampled = validate_message(message, index, st.call_ids, self.tokenizer.vocab_size,
+                                              form_checked=form_checked)
             chat = normalize_messages([clean])[0]
             found = find_special_tokens(message_text(chat.get("content")), self.tokenizer)
             marked = None
@@ -189,14 +194,14 @@ class IncrementalRenderer:
         splicing.expect_splice(self.state, hint, a, s)
 
     def splice(self, a: int, s: int, block: Sequence[tuple[Any, Any]],
-               tail: Callable[[], Sequence[tuple[Any, Any]]]) -> None:
+               tail: Callable[[], Sequence[tuple[Any, Any]]], *, form_checked: bool = False) -> None:
         """Make the messages held `self.messages[:a] + block + self.messages[len(self) - s:]` (`block`: pairs
         `(message, message_key or None)`; `tail()`: the same pairs for the last `s` messages, asked for only
         when they must be appended again). The next render tries `splice_text` first (`expect_splice`).
 
         The kept tail's prepared messages are reused with their indexes shifted, not appended again, when
         every check `append` makes of them has the outcome it had (`splice.attach_prepared`); else they are
-        appended. Its located regions and labels are kept aside for the next render (`state.tail_regions`),
+        appended (`form_checked` as for `append`). Its located regions and labels are kept aside for the next render (`state.tail_regions`),
         which shifts them instead of locating and labelling the tail again when its text and ids were kept."""
         st = self.state
         n = len(st.chat)
@@ -206,11 +211,11 @@ class IncrementalRenderer:
         kept = splicing.keep_tail(st, hint, a, s)
         self.cut(a)
         for m, key in block:
-            self.append(m, key)
+            self.append(m, key, form_checked=form_checked)
         if kept is None or not splicing.attach_prepared(st, self._policy, *kept):
             st.tail_regions = None
             for m, key in tail():
-                self.append(m, key)
+                self.append(m, key, form_checked=form_checked)
         elif st.tail_regions is not None:
             st.tail_regions = (st.tail_regions[0], st.tail_regions[1], len(st.chat) - n)
         splicing.expect_splice(st, hint, a, s)
