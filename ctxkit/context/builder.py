@@ -29,6 +29,7 @@ from ctxkit.errors import (BudgetError, ConfigError, InvariantError, LogFormatEr
                            ToolPairingError)
 from ctxkit.events import Compaction, EpisodeStart, Event, Pin, Unpin
 from ctxkit.log.event_log import MemoryLog as MemoryLog  # its home is ctxkit.log.event_log; kept importable from here
+from ctxkit.log.protocols import EpisodeLog
 from ctxkit.context.pairing import PairingProblem, PairingScan
 from ctxkit.context.pins import detect_constraints, resolve_pin_rules
 from ctxkit.context.render_cache import RenderCache
@@ -199,11 +200,11 @@ class ContextBuilder:
 
     # ------------------------------------------------------------------------------------- build
 
-    def build(self, log: Any) -> BuiltContext:
-        """Build the context for the next assistant turn of `log` (an `EventLog`), appending detected
+    def build(self, log: EpisodeLog) -> BuiltContext:
+        """Build the context for the next assistant turn of `log` (an `EventLog` or `MemoryLog`), appending detected
         pins and the compaction (if any) to it. The compaction is recorded only once the context it
         gives has passed every check."""
-        if not (hasattr(log, "events") and hasattr(log, "append") and hasattr(log, "extend")):
+        if not isinstance(log, EpisodeLog):
             raise ConfigError(f"build() needs an EventLog or MemoryLog to record its decisions, got {type(log).__name__}; "
                               "use rebuild(events, ...) to render a sequence of events without recording")
         events = log.events()

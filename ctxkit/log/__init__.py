@@ -1,7 +1,7 @@
 """The episode log: append-only, hash-chained, crash-safe JSONL of typed events, and the importers of
 other agents' recorded trajectories.
 
-Modules: `event_log` (EventLog, MemoryLog), `file_format` (line format, verify, repair, readers),
+Modules: `event_log` (EventLog, MemoryLog), `protocols` (`ReadableLog`, `EpisodeLog`: what both offer), `file_format` (line format, verify, repair, readers),
 `sequencer` (seq and content ids), `locks` (writers' locks), `file_writes` (atomic writes),
 `conversation` (OpenAI chats <-> events), `state` (external-state blobs), `importers/`. Imports only the
 L0 modules (events, edits, errors, content, registry); `text/` is a sibling it never imports.
@@ -12,7 +12,9 @@ from __future__ import annotations
 from ctxkit.registry import lazy_face
 
 _EXPORTS: dict[str, str] = {
+    "EpisodeLog": "ctxkit.log.protocols",
     "EventLog": "ctxkit.log.event_log",
+    "ReadableLog": "ctxkit.log.protocols",
     "MemoryLog": "ctxkit.log.event_log",
     "iter_events": "ctxkit.log.file_format",
     "read_events": "ctxkit.log.file_format",

@@ -36,6 +36,7 @@ from ctxkit.context.render_cache import RenderCache
 from ctxkit.context.view import ViewState
 from ctxkit.context.pins import active_pins
 from ctxkit.log.event_log import read_events, read_header, repair, verify
+from ctxkit.log.protocols import ReadableLog
 from ctxkit.log.state import BlobStore, latest_snapshots, restore_snapshot
 from ctxkit.text.template.chat_template import load_template
 from ctxkit.text.tokenizer.loader import load_tokenizer
@@ -47,11 +48,12 @@ __all__ = ["Mismatch", "ReplayResult", "StepContexts", "VerifyResult", "load_eve
 
 
 def load_events(log_or_events: Any) -> tuple[tuple[Event, ...], str]:
-    """`(events, header episode id)` of an `EventLog`, a log path, or a sequence of events.
+    """`(events, header episode id)` of a log (`ReadableLog`: an `EventLog` or `MemoryLog`), a log path, or a
+    sequence of events.
 
     A path is read and its hash chain verified (`LogFormatError` names the line of any corruption).
     """
-    if hasattr(log_or_events, "events") and callable(log_or_events.events):
+    if isinstance(log_or_events, ReadableLog):
         return tuple(log_or_events.events()), str(getattr(log_or_events, "episode_id", "") or "")
     if isinstance(log_or_events, (str, os.PathLike)):
         events = read_events(log_or_events)

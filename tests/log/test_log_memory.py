@@ -277,3 +277,22 @@ def test_memory_log_lives_in_the_log_layer():
 
     assert ctxkit.log.event_log.MemoryLog.__module__ == "ctxkit.log.event_log"
     assert ctxkit.context.builder.MemoryLog is ctxkit.log.event_log.MemoryLog  # the builder's old name is the same class
+
+
+def test_both_logs_follow_the_log_protocols(tmp_path):
+    """`EventLog` and `MemoryLog` share one reading and recording face, declared once (`ReadableLog`,
+    `EpisodeLog`); what is not a log is refused by the builder and read as events by replay."""
+    from ctxkit.log.protocols import EpisodeLog, ReadableLog
+    from ctxkit.training.context_replay import load_events
+
+    file_log = EventLog.create(tmp_path / "a.jsonl", episode_id="same")
+    memory_log = MemoryLog()
+    for log in (file_log, memory_log):
+        log.extend(head_events())
+        assert isinstance(log, EpisodeLog) and isinstance(log, ReadableLog)
+    assert [e.id for e in load_events(file_log)[0]] == [e.id for e in load_events(memory_log)[0]]
+    assert len(memory_log.events()) == 3
+    events = memory_log.events()
+    assert not isinstance(events, ReadableLog) and not isinstance(str(tmp_path / "a.jsonl"), ReadableLog)
+    assert load_events(list(events))[0] == events
+    file_log.close()
