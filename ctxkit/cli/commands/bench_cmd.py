@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ctxkit.cli.commands.argtypes import positive_int
+from ctxkit.cli.commands.argtypes import add_render_options, positive_int
 
 
 def register_bench(subparsers) -> None:
@@ -19,9 +19,7 @@ def register_bench(subparsers) -> None:
                     "apply_chat_template(tokenize=True) re-rendered every turn, and encoding only the new text: "
                     "whole-episode totals, ratios, p50/p90/p99/max per turn; ids compared at every turn.")
     render.add_argument("--turns", type=positive_int, default=200, help="turns in the episode (default 200)")
-    render.add_argument("--tokenizer", metavar="PATH", default=None,
-                        help="Hugging Face tokenizer folder (default: shared qwen2.5-instruct)")
-    render.add_argument("--template", metavar="S", default=None, help="template (default: the tokenizer's own)")
+    add_render_options(render, purpose="render with", default="shared qwen2.5-instruct")
     render.add_argument("--repeats", type=positive_int, default=3, help="repeats; per-turn medians (default 3)")
     _episode_args(render)
     render.add_argument("--json", action="store_true", help="print the figures as JSON")

@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from ctxkit.cli.commands.argtypes import non_negative_int, positive_int
+from ctxkit.cli.commands.argtypes import add_render_options, non_negative_int, positive_int
 from ctxkit.errors import ConfigError, LogFormatError
 
 
@@ -46,8 +46,7 @@ def register_build(subparsers) -> None:
                     "not touched: builds run on an in-memory copy whose recorded compactions are dropped "
                     "(the chosen compressor decides afresh; pins are kept).")
     parser.add_argument("log", metavar="LOG", help="episode log (.jsonl)")
-    parser.add_argument("--tokenizer", required=True, help="tokenizer folder, hub id or tiktoken:<encoding>")
-    parser.add_argument("--template", default=None, help="chat template (name-vN or .jinja path); default: the tokenizer's own")
+    add_render_options(parser, purpose="build with", required=True)
     parser.add_argument("--compressor", default="keep-all", help="registered compressor name (see `ctxkit compressors`)")
     parser.add_argument("--param", action="append", default=[], metavar="K=V",
                         help="compressor parameter; V is parsed as JSON when it can be, else kept as a string")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import orjson
 
+from ctxkit.cli.commands.argtypes import add_render_options
 from ctxkit.cli.commands.outputs import add_force
 
 
@@ -78,9 +79,7 @@ def register_import(subparsers) -> None:
                         help="episodes to import: entry ids, indexes N or index ranges A:B, comma-separated")
     parser.add_argument("--tools", metavar="FILE", help="a JSON list of OpenAI tool schemas for the episodes "
                                                         "(replaces the file's own; tau-bench files have none)")
-    parser.add_argument("--tokenizer", metavar="T", help="turn each assistant turn into an offline Step encoded "
-                                                         "with this tokenizer (folder, hub id or tiktoken:<enc>)")
-    parser.add_argument("--template", metavar="S", help="chat template for --tokenizer (default: the tokenizer's own)")
+    add_render_options(parser, purpose="encode each assistant turn with, as an offline Step")
     parser.add_argument("--episode-id", default=None, help="episode id with -o (default: the source's entry id, "
                                                            "or a fresh random one)")
     add_force(parser)

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ctxkit.cli.commands.argtypes import non_negative_int
+from ctxkit.cli.commands.argtypes import add_render_options, non_negative_int
 from ctxkit.cli.commands.token_view import LEGEND, ROLE_STYLES, print_tokens
 
 
@@ -97,11 +97,7 @@ def _add_common(parser: argparse.ArgumentParser, *, file_required: bool) -> None
     else:
         parser.add_argument("file", metavar="FILE", nargs="?", default=None,
                             help="conversation JSON or .jsonl log (default: the bundled example)")
-    parser.add_argument("--tokenizer", metavar="T", default=None,
-                        help="tokenizer folder, hub id or tiktoken:<encoding> (default: shared qwen2.5-instruct, "
-                             "else tiktoken:o200k_base)")
-    parser.add_argument("--template", metavar="S", default=None,
-                        help="template: name-vN, a .jinja path, or omitted for the tokenizer's own")
+    add_render_options(parser, default="shared qwen2.5-instruct, else tiktoken:o200k_base")
     parser.add_argument("--add-generation-prompt", action="store_true", help="end with the assistant generation prompt")
 
 

@@ -8,7 +8,7 @@ import json
 import sys
 from typing import Any
 
-from ctxkit.cli.commands.argtypes import int_at_least, non_negative_int
+from ctxkit.cli.commands.argtypes import add_recorded_overrides, int_at_least, non_negative_int
 from ctxkit.cli.commands.outputs import add_force
 from ctxkit.cli.commands.token_view import LEGEND, ROLE_STYLES, print_tokens
 
@@ -25,8 +25,7 @@ def register_replay(subparsers: Any) -> None:
     mode = p.add_mutually_exclusive_group(required=True)
     mode.add_argument("--verify", action="store_true", help="check every step; exit 0 only if all match")
     mode.add_argument("--step", type=int, metavar="K", help="show step K's rebuilt context (0-based; -1 = last)")
-    p.add_argument("--tokenizer", help="tokenizer spec to use instead of the recorded one (its id must match)")
-    p.add_argument("--template", help="template spec to use instead of the recorded one (its id must match)")
+    add_recorded_overrides(p)
     p.add_argument("--allow-hash-mismatch", action="store_true",
                    help="replay even when the tokenizer/template id differs from the recorded one")
     p.add_argument("--max-tokens", type=non_negative_int, default=None, metavar="N", help="with --step: show only the first N tokens")
@@ -125,8 +124,7 @@ def register_samples(subparsers: Any) -> None:
     p.add_argument("logs", nargs="+", help="episode logs (.jsonl) or run folders holding them")
     p.add_argument("-o", "--output", required=True, help="output file: .parquet or .jsonl")
     p.add_argument("--inline-prefixes", action="store_true", help="store every row's full tokens (no shared prefixes)")
-    p.add_argument("--tokenizer", help="tokenizer spec to use instead of the recorded one (its id must match)")
-    p.add_argument("--template", help="template spec to use instead of the recorded one (its id must match)")
+    add_recorded_overrides(p)
     p.add_argument("--compressor", metavar="NAME",
                    help="rebuild every step's context under this compressor (on an in-memory copy; the logs are only "
                    "read) and write the samples a policy would have been trained on had it seen those contexts")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from ctxkit.cli.commands.argtypes import add_render_options
 
 
 def register_template(subparsers) -> None:
@@ -16,10 +17,7 @@ def register_template(subparsers) -> None:
         description="Render probe conversations through a template and report: prefix-preserving (per role "
                     "transition), tool support, the end-of-turn token, BOS duplication risk, generation markers, "
                     "default system prompt.")
-    check.add_argument("--tokenizer", metavar="T", default=None,
-                       help="tokenizer folder, hub id or tiktoken:<encoding> (default: shared qwen2.5-instruct)")
-    check.add_argument("--template", metavar="S", default=None,
-                       help="name-vN, a .jinja path, or omitted for the tokenizer's own template")
+    add_render_options(check, purpose="check with", default="shared qwen2.5-instruct")
     check.add_argument("--json", action="store_true", help="print the report as JSON")
     check.set_defaults(func=_check)
     listing = sub.add_parser("list", help="list ctxkit's versioned templates",

@@ -12,7 +12,7 @@ import argparse
 import sys
 from typing import Any
 
-from ctxkit.cli.commands.argtypes import non_negative_int
+from ctxkit.cli.commands.argtypes import add_recorded_overrides, non_negative_int
 from ctxkit.cli.commands.outputs import add_force, refuse_existing
 
 
@@ -31,8 +31,7 @@ def register_view(subparsers: Any) -> None:
     mode.add_argument("--serve", action="store_true", help="serve the page on 127.0.0.1 until Ctrl-C")
     p.add_argument("--port", type=non_negative_int, default=8765, metavar="N",
                    help="with --serve: port on 127.0.0.1 (default 8765; 0 picks a free one)")
-    p.add_argument("--tokenizer", help="tokenizer spec to replay with instead of the recorded one (its id must match)")
-    p.add_argument("--template", help="template spec to replay with instead of the recorded one (its id must match)")
+    add_recorded_overrides(p)
     add_force(p)
     p.set_defaults(func=_view)
 
