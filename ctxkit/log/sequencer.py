@@ -23,12 +23,12 @@ import orjson
 
 from ctxkit.errors import ConfigError
 from ctxkit.events import CLOSED_FIELDS, EVENT_TYPES, Event, check_choice, check_vocabulary, event_from_dict, event_to_dict
-from ctxkit.log.file_format import check_finite
+from ctxkit.log.file_format import check_finite, json_error
 
 _EVENT_CLASSES = tuple(EVENT_TYPES.values())
 _SORT = orjson.OPT_SORT_KEYS
 _sha256 = hashlib.sha256
-__all__ = ["StampPlan", "event_dict", "plan_for", "recorded_copy", "stamp", "stamp_line", "stamp_lines"]
+__all__ = ["StampPlan", "event_dict", "plan_for", "recorded_copy", "stamp", "stamp_line", "stamp_lines", "unserializable"]
 
 _MEASURED = {"step": ("timings", {}), "tool_result": ("duration_s", None)}
 """Event kind -> the measured-time field `events.event_id` leaves out, and the value it hashes instead."""
@@ -170,7 +170,7 @@ def _stamp(event: Any, seq: int, ts: float, index: int, keep: bool = True) -> tu
         body = orjson.dumps(as_dict)  # the line keeps the caller's key order (tool schemas render in that order)
         canon = orjson.dumps(as_dict, option=_SORT)
     except orjson.JSONEncodeError as exc:
-        raise ConfigError(f"event {seq} ({plan.kind}) is not JSON-serializable: {exc}") from None
+        raise unserializable(as_dict, f"event {seq} ({plan.kind})", exc) from None
     if not flat:
         loaded = orjson.loads(body)
         if loaded != as_dict:  # NaN/inf (orjson writes null)
@@ -207,7 +207,27 @@ def _fill(as_dict: dict[str, Any], seq: int, ts: float, kind: str, measured: tup
             as_dict["ts"] = ts
         return orjson.dumps(as_dict), orjson.dumps(as_dict, option=_SORT)  # the line keeps the caller's key order
     except orjson.JSONEncodeError as exc:
-        raise ConfigError(f"event {seq} ({kind}) is not JSON-serializable: {exc}") from None
+        raise unserializable(as_dict, f"event {seq} ({kind})", exc) from None
+
+
+def unserializable(as_dict: dict[str, Any], where: str, exc: Exception) -> ConfigError:
+    """`file_format.json_error` for an event dict orjson refused (`exc`), naming the field: text that is not
+    UTF-8 by its dotted place (`where: extra.path is not UTF-8 text`), another value by the innermost list
+    item or dict value that fails (`where.metadata.tags is not JSON-serializable`)."""
+    if "surrogates not allowed" in str(exc):
+        return json_error(as_dict, where, exc)
+    value: Any = as_dict
+    while isinstance(value, (dict, list, tuple)):
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for key, item in items:
+            try:
+                orjson.dumps(item)
+            except orjson.JSONEncodeError as inner:
+                where, value, exc = (f"{where}.{key}" if isinstance(value, dict) else f"{where}[{key}]"), item, inner
+                break
+        else:
+            break  # no single item fails (e.g. a key that is not a str): the container is the place
+    return json_error(value, where, exc)
 
 
 def _stamp_general(event: Any, seq: int, ts: float, as_dict: dict[str, Any]) -> tuple[Event, dict[str, Any], bytes, bytes]:

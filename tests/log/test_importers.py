@@ -4,6 +4,8 @@ text-call grammar errors, and `ctxkit import` with --select, --out-dir and --too
 from __future__ import annotations
 
 import json
+import os
+import shutil
 
 import pytest
 
@@ -16,7 +18,8 @@ from ctxkit.log.importers import IMPORTERS, read_episodes, read_tools, select_ep
 from ctxkit.log.importers.adp import to_source_messages
 from ctxkit.log.importers.common import drop_nulls
 from ctxkit.log.importers.text_calls import format_text_call, parse_text_call
-from ctxkit.log.event_log import read_events
+from ctxkit.log.event_log import EventLog, read_events
+from ctxkit.log.file_format import read_header
 
 TAU = "tau-bench__gpt-4o-airline.json"
 TOOLS = "tau-bench__airline_tools.json"
@@ -157,6 +160,35 @@ def test_unknown_shape_lists_formats(tmp_path):
     assert main(["import", str(odd), "-o", str(tmp_path / "x.jsonl")]) == 2
     with pytest.raises(ImportFormatError, match="not a tau-bench file"):
         read_episodes(traj(ADP_OH), format="tau-bench")
+
+
+def test_a_source_whose_name_is_not_utf8_is_recorded_as_readable_text(tmp_path):
+    src = os.fsdecode(bytes(tmp_path) + b"/traj-\xff.json")  # surrogate-escaped: not UTF-8 text
+    shutil.copyfile(traj(SWE_FC), src)  # its entry id comes from the file's content, not its name
+    [episode] = read_episodes(src)
+    expected = f"{tmp_path}/traj-\\xff.json"  # the odd byte kept as the four characters \xff
+    assert episode.source.path == src  # errors still name the file as given
+    assert episode.source.to_dict()["path"] == expected
+    out = tmp_path / "imported.jsonl"
+    with EventLog.create(out, episode_id=episode.entry_id, metadata={"import": episode.source.to_dict()}) as log:
+        log.extend(episode.events)
+    assert read_header(out)["metadata"]["import"]["path"] == expected
+    assert read_events(out)[0].metadata["import"] == {"path": expected, "format": "swe-agent", "index": 0,
+                                                      "entry_id": "marshmallow-code__marshmallow-1867",
+                                                      "variant": "function-calling"}
+
+
+def test_an_entry_id_taken_from_a_name_that_is_not_utf8_is_readable_text(tmp_path):
+    """A SWE-agent thought-action file names its episode after the file: an odd byte in the name is kept
+    as the characters `\\xff` in the entry id, so the log's header writes."""
+    src = os.fsdecode(bytes(tmp_path) + b"/pydicom-\xff.traj")
+    shutil.copyfile(traj(SWE_TA), src)
+    [episode] = read_episodes(src)
+    assert episode.entry_id == "pydicom-\\xff"
+    out = tmp_path / "imported.jsonl"
+    with EventLog.create(out, episode_id=episode.entry_id, metadata={"import": episode.source.to_dict()}) as log:
+        log.extend(episode.events)
+    assert read_header(out)["episode_id"] == "pydicom-\\xff"
 
 
 def test_select():

@@ -138,10 +138,10 @@ def test_the_recorded_copy_shares_nothing_mutable_with_the_caller(tmp_path):
     (_forced(Message(role="user"), role=Text("user")), EventFormatError, r"role"),
     (ToolResult(tool_call_id="c", duration_s=math.inf), ConfigError, r"event 0 \(tool_result\).duration_s is inf"),
     (Message(role="user", extra={"x": math.nan}), ConfigError, r"event 0 \(message\).extra.x is nan"),
-    (Message(role="user", extra={"x": object()}), ConfigError, r"event 0 \(message\) is not JSON-serializable"),
-    (Message(role="user", extra=types.MappingProxyType({})), ConfigError, r"event 0 \(message\) is not JSON-serializable"),
-    (Message(role="user", content="\ud800"), ConfigError, r"event 0 \(message\) is not JSON-serializable"),
-    (Step(token_ids=(2**70,)), ConfigError, r"event 0 \(step\) is not JSON-serializable"),
+    (Message(role="user", extra={"x": object()}), ConfigError, r"event 0 \(message\)\.extra\.x is not JSON-serializable"),
+    (Message(role="user", extra=types.MappingProxyType({})), ConfigError, r"event 0 \(message\)\.extra is not JSON-serializable"),
+    (Message(role="user", content="\ud800"), ConfigError, r"event 0 \(message\): content is not UTF-8 text"),
+    (Step(token_ids=(2**70,)), ConfigError, r"event 0 \(step\)\.token_ids\[0\] is not JSON-serializable"),
 ])
 def test_bad_events_are_refused_the_same_way_by_both_logs(tmp_path, bad, error, pattern):
     with pytest.raises(error, match=pattern):
@@ -149,6 +149,33 @@ def test_bad_events_are_refused_the_same_way_by_both_logs(tmp_path, bad, error, 
     with EventLog.create(tmp_path / "ep.jsonl") as log, pytest.raises(error, match=pattern):
         log.append(bad)
     assert read_events(tmp_path / "ep.jsonl") == ()
+
+
+@pytest.mark.parametrize("bad, message", [
+    # the plan path (`_stamp`)
+    (EpisodeStart(metadata={"run": {"tags": {"a"}}}),
+     "event 1 (episode_start).metadata.run.tags is not JSON-serializable: Type is not JSON serializable: set"),
+    (Message(role="user", extra={"seen": [1, object()]}),
+     "event 1 (message).extra.seen[1] is not JSON-serializable: Type is not JSON serializable: object"),
+    (Message(role="user", extra={"path": "a\udcff.json"}),
+     "event 1 (message): extra.path is not UTF-8 text ('a\\udcff.json'); a log holds only UTF-8 JSON (record a file "
+     "name as os.fsencode(path).decode('utf-8', 'backslashreplace'))"),
+    # the general path (`_fill`: an event with tool calls)
+    (Message(role="assistant", tool_calls=(ToolCall(id="c", name="f", arguments="{}"),), extra={"tags": {"a"}}),
+     "event 1 (message).extra.tags is not JSON-serializable: Type is not JSON serializable: set"),
+])
+def test_an_unserializable_field_is_named(tmp_path, bad, message):
+    memory = MemoryLog()
+    memory.append(Message(role="user", content="first"))
+    with pytest.raises(ConfigError) as caught:
+        memory.append(bad)
+    assert str(caught.value) == message
+    with EventLog.create(tmp_path / "ep.jsonl") as log:
+        log.append(Message(role="user", content="first"))
+        with pytest.raises(ConfigError) as caught:
+            log.append(bad)
+    assert str(caught.value) == message
+    assert len(read_events(tmp_path / "ep.jsonl")) == 1
 
 
 def test_all_shapes_written_by_append_read_back_exactly(tmp_path):

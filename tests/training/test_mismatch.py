@@ -14,21 +14,23 @@ import pytest
 
 from ctxkit.cli.parser import main
 from ctxkit.errors import ConfigError
-from ctxkit.training.mismatch import ScoredStep, analyze, processed_logprobs, quantiles
+from ctxkit.training.mismatch import ScoredStep, analyze, processed_logprobs, quantiles, render_text
 from ctxkit.training.mismatch.stats import bucketize, kind_stats, trap_stats
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _step(index, context_length, behaviour, recomputed, *, kind="processed", raw=None, rec_raw=None, sampling=None, log="a.jsonl"):
+def _step(index, context_length, behaviour, recomputed, *, kind="processed", raw=None, rec_raw=None, sampling=None, log="a.jsonl",
+          arm=None, episode_id="ep"):
     behaviour = np.asarray(behaviour, dtype=np.float64)
     recomputed = np.asarray(recomputed, dtype=np.float64)
+    extra = {} if arm is None else {"arm": arm}
     return ScoredStep(
-        log=log, episode_id="ep", index=index, seq=10 + index, context_length=context_length,
+        log=log, episode_id=episode_id, index=index, seq=10 + index, context_length=context_length,
         token_ids=tuple(range(100, 100 + len(behaviour))), logprob_kind=kind, behaviour=behaviour,
         behaviour_raw=None if raw is None else np.asarray(raw, dtype=np.float64),
         recomputed_raw=recomputed if rec_raw is None else np.asarray(rec_raw, dtype=np.float64),
-        recomputed_processed=recomputed, sampling=sampling or {"temperature": 1.0},
+        recomputed_processed=recomputed, sampling=sampling or {"temperature": 1.0}, **extra,
     )
 
 
@@ -62,6 +64,50 @@ def test_kind_stats_exact_on_hand_built_steps():
     assert k["by_position"][0]["tis_share"] == pytest.approx(1 / 3, rel=1e-12)
     assert k["by_position"][1]["ratio_p50"] == pytest.approx(2.0, rel=1e-12)
     assert k["ratio_quantiles"]["p50"] == pytest.approx(2.0, rel=1e-12)
+
+
+def _paired_run_steps():
+    """A paired run: arms `full` and `window` sample the same first step of `t-0` (same context, same seed),
+    then differ; `t-1` is another episode of `full`."""
+    run = "run/episodes"
+    same = ([-1.0, -1.0], [-1.0 - math.log(4.0), -1.0 + math.log(1.5)])  # diffs -log 4, +log 1.5
+    return [
+        _step(0, 10, *same, log=f"{run}/full/t-0.jsonl", arm="full", episode_id="full/t-0"),
+        _step(0, 10, *same, log=f"{run}/window/t-0.jsonl", arm="window", episode_id="window/t-0"),
+        _step(1, 40, [-2.0], [-2.0 + math.log(3.0)], log=f"{run}/window/t-0.jsonl", arm="window", episode_id="window/t-0"),
+        _step(1, 60, [-2.0], [-2.0 + math.log(2.0)], log=f"{run}/full/t-0.jsonl", arm="full", episode_id="full/t-0"),
+        _step(0, 10, [-0.5], [-0.5 - math.log(1.25)], log=f"{run}/full/t-1.jsonl", arm="full", episode_id="full/t-1"),
+    ]
+
+
+def test_extremes_list_each_extreme_once_with_its_arms():
+    k = kind_stats(_paired_run_steps(), top=4, decode=lambda t: f"<{t}>")
+    # by |diff| descending: log 4 (both arms' step 0, one row), log 3, log 2, log 1.5 (both arms again)
+    assert [(e["arms"], e["log"], e["step"], e["position"], e["token_id"]) for e in k["extremes"]] == [
+        (["full", "window"], "run/episodes/full/t-0.jsonl", 0, 10, 100),
+        (["window"], "run/episodes/window/t-0.jsonl", 1, 40, 100),
+        (["full"], "run/episodes/full/t-0.jsonl", 1, 60, 100),
+        (["full", "window"], "run/episodes/full/t-0.jsonl", 0, 11, 101),
+    ]
+    assert [e["ratio"] for e in k["extremes"]] == pytest.approx([0.25, 3.0, 2.0, 1.5], rel=1e-12)
+    # a log without an arm (not from a run folder) lists no arm; the same log given twice is one row
+    bare = _step(0, 5, [-1.0], [-3.0], log="b.jsonl")
+    k = kind_stats([bare, bare], top=10)
+    assert [(e["arms"], e["log"], e["position"]) for e in k["extremes"]] == [([], "b.jsonl", 5)]
+
+
+def test_extremes_table_has_one_row_per_extreme_and_an_arm_column():
+    report = analyze(_paired_run_steps(), top=4, decode=lambda t: f"<{t}>")
+    lines = render_text(report).splitlines()
+    start = lines.index("| extreme | arm | position | token | behaviour | recomputed | ratio | where |")
+    assert lines[start + 1:start + 7] == [
+        "|---|---|---|---|---|---|---|---|",
+        "| 1 | full, window | 10 | '<100>' (100) | -1.000000 | -2.386294 | 0.25 | t-0.jsonl step 0 |",
+        "| 2 | window | 40 | '<100>' (100) | -2.000000 | -0.901388 | 3 | t-0.jsonl step 1 |",
+        "| 3 | full | 60 | '<100>' (100) | -2.000000 | -1.306853 | 2 | t-0.jsonl step 1 |",
+        "| 4 | full, window | 11 | '<101>' (101) | -1.000000 | -0.594535 | 1.5 | t-0.jsonl step 0 |",
+        "",
+    ]
 
 
 def test_trap_counts_actions_outside_the_kept_support():
@@ -123,7 +169,7 @@ def _runs_module():
 
 
 @pytest.mark.slow
-def test_control_transformers_sampling_vs_its_own_recompute(tmp_path, hf_tokenizer_paths):
+def test_control_transformers_sampling_vs_its_own_recompute(tmp_path, hf_tokenizer_paths, capsys):
     pytest.importorskip("torch")
     pytest.importorskip("gguf")
     runs = _runs_module()
@@ -142,6 +188,17 @@ def test_control_transformers_sampling_vs_its_own_recompute(tmp_path, hf_tokeniz
         assert (k["tis"]["tokens"], k["token_mask"]["tokens"], k["sequence_mask"]["sequences"]) == (0, 0, 0)
     trap = report["trap"]
     assert trap["steps"] == 2 and trap["outside_support"] == 0
+    # the extremes: each token once (these logs record no arm), one table row each, under an arm column
+    text = capsys.readouterr().out
+    for kind, k in report["kinds"].items():
+        where = [(e["log"], e["step"], e["position"]) for e in k["extremes"]]
+        assert len(where) == len(set(where)) == min(10, k["tokens"]), kind
+        assert all(e["arms"] == [] for e in k["extremes"]), kind
+    head = "| extreme | arm | position | token | behaviour | recomputed | ratio | where |"
+    assert text.count(head) == len(report["kinds"])
+    rows = [line for line in text.splitlines() if line.startswith("| ") and line.endswith(" |") and " step " in line]
+    assert len(rows) == sum(len(k["extremes"]) for k in report["kinds"].values())
+    assert all(row.split(" | ")[1] == "-" for row in rows)
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -9,6 +9,7 @@ sets the `EpisodeStart` provenance and the `EpisodeEnd` outcome.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -33,8 +34,17 @@ class SourceInfo:
     """The format's variant, e.g. `function-calling` or `text-calls` (empty when the format has one)."""
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON-able record kept in `EpisodeStart.metadata["import"]`."""
-        return dataclasses.asdict(self)
+        """The JSON-able record kept in `EpisodeStart.metadata["import"]`: `path` as UTF-8 text, the bytes of a
+        file name that is not UTF-8 (surrogate-escaped) written as `\\xNN`, so the log's header always writes."""
+        return {**dataclasses.asdict(self), "path": utf8_path(self.path)}
+
+
+def utf8_path(path: str) -> str:
+    """`path` as valid UTF-8 text: `os.fsencode(path).decode("utf-8", "backslashreplace")` (`traj-\\xff.json`)."""
+    try:
+        return os.fsencode(path).decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # a lone surrogate that is no escaped byte
+        return path.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 @dataclass(frozen=True)

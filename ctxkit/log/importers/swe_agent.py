@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from ctxkit.log.importers.common import ImportedEpisode, Importer, SourceInfo, ending, episode_events, require
+from ctxkit.log.importers.common import ImportedEpisode, Importer, SourceInfo, ending, episode_events, require, utf8_path
 
 BASH_TOOL = {"type": "function", "function": {
     "name": "bash", "description": "Run one SWE-agent command line (a shell command or one of the agent's special commands).",
@@ -81,7 +81,7 @@ def read(obj: Any, path: str, tools: Sequence[Any] | None = None) -> list[Import
     """The file's one episode."""
     require(matches(obj), "a SWE-agent .traj is an object with 'history' and 'trajectory' lists", path=path)
     problem = ((obj.get("replay_config") or {}).get("problem_statement") or {}) if isinstance(obj.get("replay_config"), Mapping) else {}
-    entry = problem.get("id") if isinstance(problem.get("id"), str) else Path(path).stem
+    entry = problem.get("id") if isinstance(problem.get("id"), str) else utf8_path(Path(path).stem)
     history = obj["history"]
     calling = any(isinstance(m, Mapping) and (m.get("tool_calls") or m.get("tool_call_ids")) for m in history)
     source = SourceInfo(path=path, format="swe-agent", entry_id=entry, index=0,

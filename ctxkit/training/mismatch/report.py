@@ -45,11 +45,13 @@ def _kind_text(kind: str, k: Mapping[str, Any]) -> list[str]:
             lines.append(f"| {r['bucket']} | {r['tokens']} | {_num(r['mean_abs_diff'], '.3g')} | {_num(r['ratio_p1'], '.4g')} | "
                          f"{_num(r['ratio_p50'], '.5g')} | {_num(r['ratio_p99'], '.4g')} | {r['tis_share']:.2%} |")
         lines.append("")
-    lines += ["| extreme | position | token | behaviour | recomputed | ratio | where |", "|---|---|---|---|---|---|---|"]
+    lines += ["| extreme | arm | position | token | behaviour | recomputed | ratio | where |", "|---|" + "---|" * 7]
     for i, e in enumerate(k["extremes"], 1):
         text = repr(e["text"]) if e["text"] is not None else str(e["token_id"])
-        lines.append(f"| {i} | {e['position']} | {text.replace('|', '¦')} ({e['token_id']}) | {_num(e['behaviour'], '.6f')} | "
-                     f"{_num(e['recomputed'], '.6f')} | {_num(e['ratio'], '.6g')} | {os.path.basename(e['log'])} step {e['step']} |")
+        arms = ", ".join(e["arms"]).replace("|", "¦") or "-"
+        lines.append(f"| {i} | {arms} | {e['position']} | {text.replace('|', '¦')} ({e['token_id']}) | "
+                     f"{_num(e['behaviour'], '.6f')} | {_num(e['recomputed'], '.6f')} | {_num(e['ratio'], '.6g')} | "
+                     f"{os.path.basename(e['log'])} step {e['step']} |")
     lines.append("")
     return lines
 

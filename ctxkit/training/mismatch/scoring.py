@@ -28,11 +28,11 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ctxkit.errors import ConfigError, ReplayError
-from ctxkit.events import Step
+from ctxkit.events import EpisodeStart, Step
 from ctxkit.context.models import load_causal_lm
 from ctxkit.training.context_replay import load_events, replay_steps
 
-__all__ = ["LLAMA_CPP_CHAIN", "ORDERS", "ScoredStep", "processed_logprobs", "score_logs", "score_steps"]
+__all__ = ["LLAMA_CPP_CHAIN", "ORDERS", "ScoredStep", "arm_of", "processed_logprobs", "score_logs", "score_steps"]
 
 ORDERS: tuple[str, ...] = ("hf", "vllm", "llama.cpp")
 """Sampling-transform orders a step's `sampling["order"]` may name (absent: `hf`)."""
@@ -80,6 +80,8 @@ class ScoredStep:
     """Trainer-side log-probs under the recorded sampling transform (`-inf`: outside the kept support)."""
     sampling: Mapping[str, Any]
     """The recorded sampling config."""
+    arm: str | None = None
+    """The ablation arm the log belongs to (`EpisodeStart.metadata["arm"]`, as `ctxkit ablate` records it), or None."""
 
     @property
     def transformed(self) -> bool:
@@ -208,6 +210,7 @@ def score_steps(log: str | os.PathLike, lm: Any, *, tokenizer: Any = None, templ
     else:
         events, episode_id = load_events(events)
     vocab = int(lm.model.get_input_embeddings().weight.shape[0])
+    arm = arm_of(events)
     out: list[ScoredStep] = []
     skipped = 0
     for result in replay_steps(events, tokenizer=tokenizer, template=template):
@@ -240,9 +243,16 @@ def score_steps(log: str | os.PathLike, lm: Any, *, tokenizer: Any = None, templ
             log=str(log), episode_id=episode_id, index=result.index, seq=int(step.seq),
             context_length=len(ctx), token_ids=tuple(sampled), logprob_kind=str(step.logprob_kind),
             behaviour=behaviour, behaviour_raw=behaviour_raw, recomputed_raw=raw, recomputed_processed=proc,
-            sampling=sampling,
+            sampling=sampling, arm=arm,
         ))
     return out, skipped
+
+
+def arm_of(events: Sequence[Any]) -> str | None:
+    """The arm a log's `EpisodeStart.metadata` names (`ctxkit ablate` logs), else None."""
+    start = next((e for e in events if isinstance(e, EpisodeStart)), None)
+    arm = start.metadata.get("arm") if start is not None else None
+    return arm if isinstance(arm, str) and arm else None
 
 
 def score_logs(logs: Sequence[str | os.PathLike], *, model: Any = None, device: str = "cpu", dtype: str | None = "float32",

@@ -11,7 +11,10 @@ Definitions (one sampled token; a *sequence* is one step's sampled tokens, TRL's
 - the trap: `exp(recomputed_processed - recorded_raw)`, the ratio a trainer gets when it applies the
   sampling transform on its side but divides by the engine's raw (temperature-1, unfiltered) log-probs;
   counted only on steps whose transform is not the identity. Sampled tokens outside the trainer's kept
-  support (`recomputed_processed = -inf`, e.g. cut by top-p) are counted.
+  support (`recomputed_processed = -inf`, e.g. cut by top-p) are counted;
+- the extremes: the `top` tokens of largest `|diff|` (an infinite diff first, a NaN one as 0, ties in log order),
+  each listed once: the same token of the same step scored alike under several arms of a paired run (arms
+  share a task and seed, so their first steps often match) is one extreme naming all those `arms`.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Sequence
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 
@@ -82,6 +86,15 @@ def _group(labels: list[str], diffs: np.ndarray, ratios: np.ndarray, clip: float
     return rows
 
 
+def _paired_place(step: Any) -> tuple[str, int]:
+    """Where a step sits whatever its arm: its log with the arm folder left out (`<run>/episodes/<arm>/<task>-<seed>.jsonl`,
+    the same task and seed under every arm), and its index."""
+    path = Path(step.log)
+    if step.arm is not None and path.parent.name == step.arm:
+        return str(path.parent.parent / path.name), step.index
+    return step.log, step.index
+
+
 def kind_stats(steps: Sequence[Any], *, clip: float = 2.0, mask_low: float = 0.5, mask_high: float = 2.0,
                top: int = 10, decode: Callable[[int], str] | None = None) -> dict[str, Any]:
     """Statistics of steps that share one logprob kind (behaviour vs recomputed of that kind)."""
@@ -100,25 +113,32 @@ def kind_stats(steps: Sequence[Any], *, clip: float = 2.0, mask_low: float = 0.5
     seq_tis = np.array([tis[a:b].any() for a, b in zip(bounds[:-1], bounds[1:])])
     seq_masked_tok = np.array([(~keep[a:b]).any() for a, b in zip(bounds[:-1], bounds[1:])])
     seq_tokens = np.array([len(d) for d in diffs_per_seq])
-    order = np.argsort(-np.abs(np.nan_to_num(diffs, nan=0.0, posinf=np.inf, neginf=np.inf)), kind="stable")[:top]
+    order = np.argsort(-np.abs(np.nan_to_num(diffs, nan=0.0, posinf=np.inf, neginf=np.inf)), kind="stable")
     owner = np.searchsorted(bounds, order, side="right") - 1
-    extremes = []
+    extremes: dict[tuple, dict[str, Any]] = {}
     for flat, k in zip(order, owner):
         s = steps[int(k)]
         i = int(flat - bounds[k])
         tid = int(s.token_ids[i])
-        extremes.append({
-            "log": s.log, "step": s.index, "seq": s.seq, "position": int(s.context_length + i), "index_in_turn": i,
-            "token_id": tid, "text": decode(tid) if decode is not None else None,
-            "behaviour": _f(s.behaviour[i]), "recomputed": _f(s.recomputed[i]),
-            "diff": _f(diffs[flat]), "ratio": _f(ratios[flat]),
-        })
+        position, behaviour, recomputed = int(s.context_length + i), _f(s.behaviour[i]), _f(s.recomputed[i])
+        key = (*_paired_place(s), position, tid, behaviour, recomputed)
+        if key in extremes:
+            if s.arm is not None and s.arm not in extremes[key]["arms"]:
+                extremes[key]["arms"].append(s.arm)
+            continue
+        if len(extremes) == top:
+            break
+        extremes[key] = {
+            "log": s.log, "arms": [] if s.arm is None else [s.arm], "step": s.index, "seq": s.seq,
+            "position": position, "index_in_turn": i, "token_id": tid, "text": decode(tid) if decode is not None else None,
+            "behaviour": behaviour, "recomputed": recomputed, "diff": _f(diffs[flat]), "ratio": _f(ratios[flat]),
+        }
     return {
         "steps": len(steps), "tokens": int(diffs.size),
         "non_finite_diffs": int((~np.isfinite(diffs)).sum()),
         "max_abs_diff": _f(np.abs(diffs[np.isfinite(diffs)]).max()) if np.isfinite(diffs).any() else None,
         "diff_quantiles": quantiles(diffs), "ratio_quantiles": quantiles(ratios),
-        "extremes": extremes,
+        "extremes": list(extremes.values()),
         "by_position": _group(bucketize(positions), diffs, ratios, clip),
         "by_sequence_length": _group(bucketize(seq_len), diffs, ratios, clip),
         "tis": {"clip": clip, "token_share": float(tis.mean()), "tokens": int(tis.sum()),
