@@ -300,7 +300,6 @@ def server_spec(params: Mapping[str, Any], *, where: str = "agent") -> tuple[Lla
     return spec, rest
 
 
-@contextlib.contextmanager
 def check_servable(config: "ExperimentConfig") -> None:
     """`ConfigError` naming the agent and what to install when an agent with `server = "llama-cpp"` cannot be
     served here: llama-cpp-python missing (the `llama-cpp` extra) or its GGUF file absent (the default one comes
@@ -319,6 +318,7 @@ def check_servable(config: "ExperimentConfig") -> None:
             raise ConfigError(f"{where}: {exc}") from None
 
 
+@contextlib.contextmanager
 def serve_agents(config: "ExperimentConfig") -> Iterator["ExperimentConfig"]:
     """Start a server for every agent with `server = ...` (one per distinct spec), yield the config whose agents
     point at them (`base_url`, `model`, `dialect`), and stop the servers on exit. Without any, yields `config`."""
