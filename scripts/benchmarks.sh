@@ -2,7 +2,7 @@
 # Every benchmark figure of the README's Benchmarks section, measured side by side in one run:
 #   bash scripts/benchmarks.sh [WORK_DIR]      (WORK_DIR: scratch folder on the disk to measure; default /tmp/ctxkit-bench)
 # Needs the test extras (`bash scripts/test.sh` installs them: LangChain is the peer) and ../shared.
-# Takes about 10 minutes on 2 cores; the machine should be otherwise idle (the ratios are side by side,
+# Takes about 12 minutes on 2 cores; the machine should be otherwise idle (the ratios are side by side,
 # the absolute times are not comparable across machines or loads).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +27,8 @@ for _ in 1 2 3 4 5; do
 done
 echo "== import ctxkit, ctxkit.cli.parser (-X importtime: the cumulative microseconds of each, and their sum)"
 python -X importtime -c "import ctxkit, ctxkit.cli.parser" 2>&1 | awk -F'|' '$3 ~ /^ ctxkit(\.cli)?$/ {print; s += $2} END {print "total us:", s}'
+echo "== arm costs: the quickstart grid in a fresh run folder (cold embedding cache), wall per episode per arm vs the rule-based arms (target <= 3x)"
+python -m ctxkit.benchmarks.arm_costs --config experiments/quickstart.toml --out "$WORK/arm-costs"
 echo "== summarize/retrieve build time per quickstart episode: cold embedding cache, then warm"
 ctxkit ablate experiments/summarize_retrieve.toml --out "$WORK/sr-cold" --no-progress | tail -1
 mkdir -p "$WORK/sr-warm/cache" && cp -r "$WORK/sr-cold/cache/embeddings" "$WORK/sr-warm/cache/"

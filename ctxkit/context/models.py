@@ -18,6 +18,7 @@ import hashlib
 import importlib.util
 import os
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,45 @@ CHATML_FALLBACK_TEMPLATE = (
 """ChatML template used when a loaded LM's tokenizer carries no chat template of its own."""
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth")
+
+
+# ------------------------------------------------------------------------------------- load timings
+
+
+@dataclass(frozen=True)
+class ModelLoad:
+    """One model load of this process (what `model_loads` lists)."""
+
+    kind: str
+    """`embedder` or `causal-lm`."""
+    path: str
+    """The resolved path (or hub id) loaded."""
+    device: str
+    """The torch device it was loaded on."""
+    seconds: float
+    """Wall seconds the load took (the first import of torch and its peers included)."""
+
+
+_LOADS: list[ModelLoad] = []
+_LOADS_LOCK = threading.Lock()
+
+
+def _record_load(kind: str, path: str, device: str, seconds: float) -> None:
+    with _LOADS_LOCK:
+        _LOADS.append(ModelLoad(kind, path, device, seconds))
+
+
+def model_loads() -> list[ModelLoad]:
+    """Every model load of this process so far, oldest first (a cached model counts once: when it loaded)."""
+    with _LOADS_LOCK:
+        return list(_LOADS)
+
+
+def model_load_seconds() -> float:
+    """Total wall seconds this process spent loading models (`model_loads`); a run records the part each
+    episode paid in its row's `timing.model_load_s`."""
+    with _LOADS_LOCK:
+        return float(sum(load.seconds for load in _LOADS))
 
 
 class MissingExtraError(ConfigError):
@@ -217,6 +257,7 @@ def load_causal_lm(path: str | os.PathLike | None = None, *, device: str = "cpu"
         cached = _LM_CACHE.get(key)
         if cached is not None:
             return cached
+        started = time.perf_counter()
         torch = _require("torch", "lm", "loading a causal LM")
         _require("transformers", "lm", "loading a causal LM")
         if gguf_file is not None:
@@ -254,6 +295,7 @@ def load_causal_lm(path: str | os.PathLike | None = None, *, device: str = "cpu"
             chat_template_source=source,
         )
         _LM_CACHE[key] = loaded
+        _record_load("causal-lm", key[0], device, time.perf_counter() - started)
         return loaded
 
 
@@ -291,6 +333,7 @@ def load_embedder(path: str | os.PathLike | None = None, device: str = "cpu") ->
         cached = _EMB_CACHE.get(key)
         if cached is not None:
             return cached
+        started = time.perf_counter()
         _require("torch", "retrieval", "loading a sentence embedder")
         _require("sentence_transformers", "retrieval", "loading a sentence embedder")
         from sentence_transformers import SentenceTransformer  # lazy: sentence_transformers loads on first use
@@ -306,6 +349,7 @@ def load_embedder(path: str | os.PathLike | None = None, device: str = "cpu") ->
             if progress:
                 hf_logging.enable_progress_bar()
         _EMB_CACHE[key] = model
+        _record_load("embedder", key[0], key[1], time.perf_counter() - started)
         return model
 
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import hashlib
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -45,6 +46,7 @@ from ctxkit.experiment.tasks.base import TaskEpisode, make_task
 from ctxkit.experiment.tasks.tools import InvalidToolCall, ToolOutput
 from ctxkit.context.builder import ContextBuilder
 from ctxkit.context.embedding_cache import run_cache_dir, using_cache_dir
+from ctxkit.context.models import model_load_seconds
 from ctxkit.context.view import message_of
 from ctxkit.log.event_log import EventLog
 from ctxkit.log.state import DirectoryState, record_snapshot
@@ -120,13 +122,16 @@ def _end(outcome: str, cause: str, reward: float | None, reward_kind: str, **sco
 
 def run_episode(config: ExperimentConfig, spec: EpisodeSpec, out_dir: str | Path) -> dict[str, Any]:
     """Run one episode, write its log, and return its results row. Embeddings go through the run's
-    on-disk cache (`<out_dir>/cache/embeddings`), shared by every arm, episode and worker of the run."""
+    on-disk cache (`<out_dir>/cache/embeddings`), shared by every arm, episode and worker of the run. The row's
+    `timing` also says which worker process ran it (`worker_pid`) and how many of its seconds went to loading
+    models (`model_load_s`: paid once per worker, by the first episode that needs the model)."""
     with using_cache_dir(run_cache_dir(out_dir)):
         return _run_episode(config, spec, out_dir)
 
 
 def _run_episode(config: ExperimentConfig, spec: EpisodeSpec, out_dir: str | Path) -> dict[str, Any]:
     wall_start = time.perf_counter()
+    loaded_before = model_load_seconds()
     arm = config.arm(spec.arm)
     task_cfg = config.task(spec.task)
     limits = config.limits
@@ -180,6 +185,10 @@ def _run_episode(config: ExperimentConfig, spec: EpisodeSpec, out_dir: str | Pat
         "final_context_hash": next((e.context_hash for e in reversed(events) if getattr(e, "kind", "") == "step"), None),
     }
     row.update(episode_metrics(events, records, wall_s=wall_s))
+    # where the one-time costs of a worker went: model loads this episode paid (part of wall_s), and which
+    # worker process ran it (`ctxkit.benchmarks.arm_costs` amortizes a load once per worker)
+    row["timing"]["model_load_s"] = model_load_seconds() - loaded_before
+    row["timing"]["worker_pid"] = os.getpid()
     return row
 
 

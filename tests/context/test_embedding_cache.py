@@ -133,6 +133,46 @@ def test_a_vector_does_not_depend_on_its_batch(minilm):
     assert np.allclose(together, plain, atol=1e-5)
 
 
+def test_encode_threads_setting(monkeypatch):
+    from ctxkit.context import embeddings
+    from ctxkit.errors import ConfigError
+
+    monkeypatch.delenv(embeddings.ENCODE_THREADS_ENV, raising=False)
+    assert embeddings.encode_threads() == embeddings.DEFAULT_ENCODE_THREADS == 1
+    for raw, want in (("3", 3), (" 2 ", 2), ("0", None), ("", None)):
+        monkeypatch.setenv(embeddings.ENCODE_THREADS_ENV, raw)
+        assert embeddings.encode_threads() == want
+    for raw in ("-1", "two", "1.5"):
+        monkeypatch.setenv(embeddings.ENCODE_THREADS_ENV, raw)
+        with pytest.raises(ConfigError, match="CTXKIT_EMBED_THREADS"):
+            embeddings.encode_threads()
+
+
+def test_a_vector_does_not_depend_on_the_thread_count_and_torch_is_left_as_it_was(minilm, monkeypatch):
+    import torch
+
+    from ctxkit.context.embeddings import ENCODE_THREADS_ENV, encode_texts
+
+    before = torch.get_num_threads()
+    got = []
+    for raw in ("1", "2", "0"):
+        monkeypatch.setenv(ENCODE_THREADS_ENV, raw)
+        got.append(encode_texts(minilm, TEXTS).tobytes())
+        assert torch.get_num_threads() == before
+    assert got[0] == got[1] == got[2]
+
+
+def test_model_loads_are_recorded_once_per_process(minilm):
+    from ctxkit.context.models import default_embedder_path, load_embedder, model_load_seconds, model_loads
+
+    loads = [m for m in model_loads() if m.kind == "embedder" and m.path == str(default_embedder_path().resolve())]
+    assert len(loads) == 1 and loads[0].device == "cpu" and loads[0].seconds > 0
+    assert model_load_seconds() == pytest.approx(sum(m.seconds for m in model_loads()))
+    n = len(model_loads())
+    assert load_embedder() is minilm
+    assert len(model_loads()) == n  # a cached model is not loaded (nor recorded) again
+
+
 def test_text_embedder_uses_the_disk_cache_and_a_warm_cache_never_encodes(minilm, tmp_path):
     from ctxkit.context.embeddings import TextEmbedder
 
