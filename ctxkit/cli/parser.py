@@ -37,6 +37,7 @@ COMMANDS: dict[str, str] = {
     "report": "ctxkit.cli.commands.ablate_cmd",
     "view": "ctxkit.cli.commands.view_cmd",
     "mismatch": "ctxkit.cli.commands.mismatch_cmd",
+    "train": "ctxkit.cli.commands.train_cmd",
 }
 """Subcommand name -> module providing `register_<name>(subparsers)`."""
 

@@ -326,17 +326,18 @@ def _seed_of(prompt: Any, index: int) -> int:
 # ------------------------------------------------------------------------------------------ SFT
 
 
+def sample_record(sample: TrainingSample, where: str = "samples") -> dict[str, list[int]]:
+    """One sample as a TRL row `{"input_ids", "labels"}`, labels -100 off the loss mask; `ConfigError`
+    naming `where`, the episode and the sample when it has no sampled token."""
+    if not any(sample.loss_mask):
+        raise ConfigError(f"{where}: episode {sample.episode_id!r} sample {sample.sample_index} has no sampled tokens")
+    return {"input_ids": list(sample.token_ids),
+            "labels": [t if m else IGNORE_INDEX for t, m in zip(sample.token_ids, sample.loss_mask)]}
+
+
 def sft_records(path: str | Path) -> list[dict[str, list[int]]]:
-    """Rows `{"input_ids", "labels"}` of a `ctxkit samples` export, labels -100 off the loss mask."""
-    rows = []
-    for s in read_samples(path):
-        if not any(s.loss_mask):
-            raise ConfigError(f"{path}: episode {s.episode_id!r} sample {s.sample_index} has no sampled tokens")
-        rows.append({
-            "input_ids": list(s.token_ids),
-            "labels": [t if m else IGNORE_INDEX for t, m in zip(s.token_ids, s.loss_mask)],
-        })
-    return rows
+    """Rows `{"input_ids", "labels"}` of a `ctxkit samples` export (`sample_record` of each)."""
+    return [sample_record(s, str(path)) for s in read_samples(path)]
 
 
 def sft_dataset(path: str | Path) -> Any:
