@@ -121,11 +121,12 @@ def test_scripted_agent_turn_is_token_exact_and_decided_from_the_context(tmp_pat
     ctx = builder.build(log)
     turn = agent.act(ctx, tools=ep.tools, seed=1)
     assert isinstance(turn, AgentTurn)
-    assert [(c.name, json.loads(c.arguments)) for c in turn.tool_calls] == [("read_file", {"path": "logs/00.log"})]
+    assert [(c.name, c.arguments) for c in turn.tool_calls] == [("read_file", {"path": "logs/00.log"})]  # an object, serialized once by the template
     assert len(turn.tool_calls[0].id) == 9
     message = {"role": "assistant", "content": turn.content, "tool_calls": [c.to_openai() for c in turn.tool_calls]}
     assert turn.token_ids == tuple(encode_assistant_turn(message, qwen, builder.template, tools=list(ep.tools)))
     assert '"read_file"' in qwen.decode(list(turn.token_ids))
+    assert '"arguments": {"path": "logs/00.log"}' in qwen.decode(list(turn.token_ids))  # encoded once (v1: twice)
     assert turn.finish_reason == "tool_calls" and turn.logprob_kind == "processed"
     assert turn.logprobs == (0.0,) * len(turn.token_ids)  # a deterministic policy: probability 1 per token
     assert turn.sampling["temperature"] == 0.0 and turn.sampling["seed"] == 1

@@ -14,7 +14,6 @@ context (decode + parse) to `prefill_s` and encoding the turn to `decode_s`.
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from typing import Any, Mapping, Sequence
 
@@ -30,7 +29,9 @@ __all__ = ["ScriptedAgent"]
 class ScriptedAgent:
     """Scripted policy for one task (see `scripts.POLICIES`); takes no parameters of its own."""
 
-    VERSION = "scripted-v1"
+    VERSION = "scripted-v2"
+    """Recorded as each step's `policy_version`. v2 gives tool-call arguments as objects; v1 gave JSON text, which
+    templates that serialize arguments (Qwen2.5's `tojson`) encoded a second time."""
 
     def __init__(self, *, tokenizer: Any, template: Any = None, task: str, **params: Any):
         self.check_params(params)
@@ -67,7 +68,7 @@ class ScriptedAgent:
             calls: tuple[ToolCall, ...] = ()
         else:
             call_id = hashlib.sha256(f"{context.hash}:0".encode()).hexdigest()[:9]
-            calls = (ToolCall(id=call_id, name=str(decision.tool), arguments=json.dumps(dict(decision.arguments))),)
+            calls = (ToolCall(id=call_id, name=str(decision.tool), arguments=dict(decision.arguments)),)  # an object, as HF chats give it: templates serialize it once
             message = {"role": "assistant", "content": decision.note, "tool_calls": [c.to_openai() for c in calls]}
         ids = encode_assistant_turn(message, self.tokenizer, self.template, tools=list(tools) or None)
         done = time.perf_counter()
