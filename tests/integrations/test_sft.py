@@ -101,7 +101,12 @@ def test_bad_train_tables_are_named(tmp_path, extra, message):
 
 
 def test_lora_table_and_the_shipped_configs():
-    assert load_sft_config(REPO_ROOT / "experiments" / "sft.toml").train.lora is None
+    from ctxkit.experiment.runner import validate
+
+    tokenizer_dir("smollm2-135m-instruct")  # the shipped collection renders for SmolLM2
+    shipped_full = load_sft_config(REPO_ROOT / "experiments" / "sft.toml")
+    assert shipped_full.train.lora is None
+    validate(shipped_full.collect)  # every task, arm and opening context of the expert grid builds
     shipped = load_sft_config(REPO_ROOT / "experiments" / "sft.toml", quick=True)
     assert shipped.collect.seeds == (100,) and set(shipped.eval_seeds).isdisjoint(range(100, 106))
     assert LoraSpec().target_modules == ("q_proj", "k_proj", "v_proj", "o_proj")
