@@ -176,8 +176,11 @@ def test_ctrl_c_is_a_short_message_and_exit_130(tmp_path):
     fifo = tmp_path / "conv.json"
     os.mkfifo(fifo)
     out = tmp_path / "ep.jsonl"
+    # A job started in the background by a shell inherits SIGINT ignored, and Python then installs no handler:
+    # the command starts with the default disposition, as it does in a terminal.
     proc = subprocess.Popen([sys.executable, "-m", "ctxkit.cli.parser", "import", str(fifo), "-o", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         with open(fifo, "w"):
             proc.send_signal(signal.SIGINT)
