@@ -31,6 +31,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import hashlib
+import json
 import os
 import tempfile
 import time
@@ -55,8 +56,10 @@ from ctxkit.text.tokenizer.loader import load_tokenizer
 
 __all__ = ["run_episode", "log_path", "step_seed", "close_agents"]
 
-_AGENTS: dict[tuple[str, str], Agent] = {}
-"""Agents of this process, one per (agent label, task), reused across episodes."""
+_AGENTS: dict[tuple[Any, ...], Agent] = {}
+"""Agents of this process, reused across episodes: one per agent table (label, kind, parameters), task,
+tokenizer and template, so a second run in the same process with another tokenizer, template or agent
+table never gets an agent built for the first."""
 
 
 def log_path(out_dir: Path, spec: EpisodeSpec) -> Path:
@@ -80,9 +83,10 @@ atexit.register(close_agents)
 
 
 def _agent(config: ExperimentConfig, label: str, task: str, tokenizer: Any, template: Any) -> Agent:
-    key = (label, task)
+    ac = config.agent(label)
+    key = (label, ac.kind, json.dumps(dict(ac.params), sort_keys=True, default=repr), task,
+           getattr(tokenizer, "id", id(tokenizer)), getattr(template, "id", template))
     if key not in _AGENTS:
-        ac = config.agent(label)
         _AGENTS[key] = make_agent(ac.kind, tokenizer=tokenizer, template=template, task=task, **dict(ac.params))
     return _AGENTS[key]
 

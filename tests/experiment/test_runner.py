@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from experiment_configs import small_toml, strip_timing, write_config
+from experiment_configs import small_toml, strip_timing, tiny_toml, write_config
 from ctxkit.cli.parser import main
 from ctxkit.events import EpisodeStart, StateSnapshot, ToolCall
 from ctxkit.experiment.agents.base import AgentTurn
@@ -249,3 +249,30 @@ def test_a_library_error_ends_only_that_episode_as_harness_error(tmp_path):
     end = _loop(cfg, EpisodeSpec("window", "needle-recall", 0), log, builder, _OutOfVocabulary(), ep, [], time.perf_counter())
     assert (end.outcome, end.cause, end.reward, end.reward_kind) == ("truncated", "harness_error", None, "unscored")
     assert end.scores["error"].startswith("MessageFormatError:") and "token_ids" in end.scores["error"]
+
+
+def test_two_runs_in_one_process_with_other_tokenizers_record_their_own_ids(tmp_path):
+    """Regression: agents were cached per (agent label, task) for the life of the process, so a second run
+    with another tokenizer reused an agent built for the first and recorded Qwen2.5 ids in a SmolLM2 log."""
+    from conftest import tokenizer_dir
+    from ctxkit.log.event_log import read_events
+    from ctxkit.text.rendering.renderer import encode_assistant_turn
+    from ctxkit.text.tokenizer.loader import load_tokenizer
+
+    qwen = tokenizer_dir("qwen2.5-instruct")
+    first = write_config(tmp_path, tiny_toml(), "qwen.toml")
+    second = write_config(tmp_path, tiny_toml().replace(str(qwen), str(tokenizer_dir("smollm2-135m-instruct")))
+                          .replace('name = "small"', 'name = "small"\ntemplate = "chatml-tools-v1"'), "smollm.toml")
+    for name, path in (("qwen", first), ("smollm", second)):
+        run_experiment(load_config(path), tmp_path / name, progress=False, report=False)
+    (row,) = read_rows(tmp_path / "smollm")
+    events = read_events(tmp_path / "smollm" / row["log"])
+    smollm = load_tokenizer(events[0].context["tokenizer"]["spec"])
+    assert smollm.id.startswith("smollm2-135m-instruct@")
+    steps = [e for e in events if e.kind == "step"]
+    assert steps
+    for step in steps:
+        message = {"role": "assistant", "content": step.content,
+                   "tool_calls": [c.to_openai() for c in step.tool_calls] or None}
+        message = {k: v for k, v in message.items() if v is not None}
+        assert step.token_ids == tuple(encode_assistant_turn(message, smollm, "chatml-tools-v1", tools=list(events[0].tools)))
