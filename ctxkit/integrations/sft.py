@@ -33,7 +33,7 @@ from ctxkit.integrations.trl import sample_record, trainable_copy
 from ctxkit.training.episode_samples import TrainingSample, samples
 from ctxkit.training.sample_files import write_samples
 
-__all__ = ["SftResult", "collect_samples", "run_sft", "sft_rows", "train_sft"]
+__all__ = ["SftResult", "collect_samples", "fitting", "run_sft", "sft_rows", "train_sft"]
 
 
 @dataclass(frozen=True)
@@ -87,9 +87,14 @@ def collect_samples(config: SftConfig, out: Path, *, progress: bool = True) -> t
     return found, len(rows), collect_s
 
 
+def fitting(found: Sequence[TrainingSample], max_length: int) -> list[TrainingSample]:
+    """The samples of at most `max_length` tokens (longer ones are left out, never truncated)."""
+    return [s for s in found if len(s.token_ids) <= max_length]
+
+
 def sft_rows(found: Sequence[TrainingSample], max_length: int) -> tuple[list[dict[str, list[int]]], int]:
     """TRL rows (`sample_record`) of the samples that fit `max_length` tokens, and how many did not."""
-    rows = [sample_record(s) for s in found if len(s.token_ids) <= max_length]
+    rows = [sample_record(s) for s in fitting(found, max_length)]
     return rows, len(found) - len(rows)
 
 
@@ -181,7 +186,7 @@ def run_sft(config: SftConfig, out_dir: str | Path, *, force: bool = False, prog
     checkpoint = out / "checkpoint"
     model.save_pretrained(checkpoint)
     tokenizer.save_pretrained(checkpoint)
-    kept = [s for s in found if len(s.token_ids) <= config.train.max_length]
+    kept = fitting(found, config.train.max_length)
     result = SftResult(out_dir=str(out), checkpoint=str(checkpoint), episodes=episodes, samples=len(rows),
                        left_out=left_out, tokens=sum(len(s.token_ids) for s in kept),
                        loss_tokens=sum(s.n_sampled for s in kept), steps=len(losses), losses=losses,
