@@ -42,7 +42,9 @@ DEFAULT_ENCODE_THREADS = 1
 """Torch intra-op threads for a model call of `encode_texts`. A run's calls are small (one to a few dozen
 texts of at most 256 tokens), and on a busy machine a second OpenMP thread waits for a core more than it
 helps: on the shared 2-core box, 1 thread encoded the quickstart's texts 3.5x faster than torch's default
-of 2. A row's bytes do not depend on it (checked in tests)."""
+of 2. Equal settings give equal bytes; across settings a row agrees to float tolerance, and on some CPUs
+(an AVX-512/AMX Xeon here) its last bits change with the thread count, since the reductions split
+differently: a run that must reproduce another's retrieval bit for bit keeps this setting (checked in tests)."""
 
 
 def encode_threads() -> int | None:

@@ -311,7 +311,8 @@ def check_servable(config: "ExperimentConfig") -> None:
             continue
         if importlib.util.find_spec("llama_cpp") is None:
             raise ConfigError(f"{where}: server = \"llama-cpp\" needs llama-cpp-python: pip install -e '.[llama-cpp]' "
-                              "(compiles from source, about 7 min on 2 cores)")
+                              "(compiles from source, about 7-9 min on 2 cores; CMAKE_ARGS=-DGGML_NATIVE=OFF for "
+                              "a portable build, see scripts/test.sh)")
         try:
             spec.gguf()
         except ConfigError as exc:

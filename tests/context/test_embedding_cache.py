@@ -148,18 +148,22 @@ def test_encode_threads_setting(monkeypatch):
             embeddings.encode_threads()
 
 
-def test_a_vector_does_not_depend_on_the_thread_count_and_torch_is_left_as_it_was(minilm, monkeypatch):
+def test_a_vector_is_stable_per_thread_setting_close_across_them_and_torch_is_left_as_it_was(minilm, monkeypatch):
     import torch
 
     from ctxkit.context.embeddings import ENCODE_THREADS_ENV, encode_texts
 
     before = torch.get_num_threads()
-    got = []
-    for raw in ("1", "2", "0"):
+    got = {}
+    for raw in ("1", "2", "0", "1"):
         monkeypatch.setenv(ENCODE_THREADS_ENV, raw)
-        got.append(encode_texts(minilm, TEXTS).tobytes())
+        got.setdefault(raw, []).append(encode_texts(minilm, TEXTS))
         assert torch.get_num_threads() == before
-    assert got[0] == got[1] == got[2]
+    # one setting, one set of bytes; across settings the last bits may differ with the CPU's reduction
+    # order (they do on an AVX-512/AMX Xeon), never more than float tolerance
+    assert got["1"][0].tobytes() == got["1"][1].tobytes()
+    for raw in ("2", "0"):
+        assert np.allclose(got[raw][0], got["1"][0], rtol=0, atol=1e-6)
 
 
 def test_model_loads_are_recorded_once_per_process(minilm):
