@@ -6,7 +6,7 @@
 # which drives Debian's Chromium (installed here with apt-get when missing; never a browser download).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# llama.cpp is built for portable x86-64 (AVX2), not -march=native: a native build segfaults in decode on
+# llama.cpp is built portable (GGML_NATIVE=OFF), not -march=native: a native build segfaults in decode on
 # an AVX-512/AMX Xeon (every prompt of 4+ tokens; seen 2026-12-03), and a cached native wheel is reused
 # on whatever CPU the next machine has. Set CMAKE_ARGS yourself to build otherwise.
 export CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=OFF}"
