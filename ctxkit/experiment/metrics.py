@@ -4,6 +4,9 @@
 into one results row. Everything except the `timing` sub-dict is a deterministic function of the episode
 (same config, same row); `timing` holds wall-clock seconds and is left out when rows are compared.
 
+`malformed_tool_calls` counts `<tool_call>` blocks a turn wrote that do not parse (bad JSON, no name, never
+closed): they run no tool, and their text stays in the turn's content. `tool_calls` counts the parsed ones.
+
 `discarded` (and `loss_tokens` 0) follows `ctxkit.training.preflight.is_discarded`, the definition
 `ctxkit audit` uses for its discard rate: an episode a trainer drops (no sampled step, no end, an unscored
 end, or a length truncation). Limit truncations (`max_steps`, `wall_time`) are kept.
@@ -17,7 +20,9 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from ctxkit.content import flatten_content
 from ctxkit.events import Compaction, EpisodeEnd, Event, Pin, Step, ToolResult
+from ctxkit.experiment.agents.parsing import parse_text
 from ctxkit.training.preflight import is_discarded
 
 __all__ = ["StepRecord", "common_prefix", "episode_metrics", "TIMING_KEY", "TIMEOUT_CAUSES"]
@@ -116,6 +121,7 @@ def episode_metrics(events: Sequence[Event], steps: Sequence[StepRecord], *, wal
         "steps": len(step_events),
         "tool_calls": n_calls,
         "repeated_tool_calls": repeated,
+        "malformed_tool_calls": sum(len(parse_text(flatten_content(s.content)).errors) for s in step_events),
         "tool_errors": sum(r.status != "ok" for r in results),
         "compactions": sum(isinstance(e, Compaction) for e in events),
         "pins": sum(isinstance(e, Pin) for e in events),

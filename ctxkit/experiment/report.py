@@ -30,7 +30,7 @@ from ctxkit.experiment.findings import (COST_LABELS, completion_note, cut_short,
 from ctxkit.experiment.run_folder import read_rows, read_run_info
 from ctxkit.experiment.stats import paired_bootstrap, quantiles, rate, stage_bound
 
-__all__ = ["summarize", "render_markdown", "markdown_table", "write_report", "plot", "quality_figure", "latency_figure",
+__all__ = ["summarize", "render_markdown", "valid_call_rate", "markdown_table", "write_report", "plot", "quality_figure", "latency_figure",
            "stage_seconds", "COMPARED", "PLOTS", "STAGES"]
 
 COMPARED: tuple[tuple[str, str], ...] = (
@@ -115,6 +115,7 @@ def summarize(
             "causes": dict(sorted(causes.items())),
             "tool_calls": float(np.mean([r["tool_calls"] for r in rs])),
             "repeated_tool_calls": float(np.mean([r["repeated_tool_calls"] for r in rs])),
+            "valid_call_rate": valid_call_rate(rs),
             "steps": float(np.mean([r["steps"] for r in rs])),
             "prompt_tokens_total": quantiles([r["prompt_tokens_total"] for r in rs]),
             "prompt_tokens_mean": float(np.mean([r["prompt_tokens_total"] for r in rs])),
@@ -198,6 +199,14 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list
     return lines
 
 
+def valid_call_rate(rows: Sequence[Mapping[str, Any]]) -> float | None:
+    """Parsed tool calls over all attempted ones (parsed plus malformed `<tool_call>` blocks) across an arm's
+    episodes; None when no episode attempted a call. Rows written before `malformed_tool_calls` count 0."""
+    parsed = sum(int(r["tool_calls"]) for r in rows)
+    attempted = parsed + sum(int(r.get("malformed_tool_calls", 0)) for r in rows)
+    return parsed / attempted if attempted else None
+
+
 def render_markdown(summary: Mapping[str, Any], *, title: str, run_dir: str = ".", notes: Sequence[str] = ()) -> str:
     """The report text for a `summarize` result."""
     arms, per, base = summary["arms"], summary["per_arm"], summary["baseline"]
@@ -207,17 +216,19 @@ def render_markdown(summary: Mapping[str, Any], *, title: str, run_dir: str = ".
             f"({summary.get('n_resamples')} resamples, {int(100 * summary.get('confidence', 0.95))}%).", ""]
     out += list(notes) + ([""] if notes else [])
     out += ["## Arms", "", "Per episode: tool calls and re-queries are means (count per episode), tokens are the "
-            "mean beside p50/p90/p99 over episodes; violations is the total count over the arm's episodes. An arm "
+            "mean beside p50/p90/p99 over episodes; valid calls is the share of attempted `<tool_call>` blocks that "
+            "parsed (– when none was attempted); violations is the total count over the arm's episodes. An arm "
             "with a majority of truncated episodes cannot complete (see note): its episodes stop early, so its "
             "token counts are not savings.", ""]
     out += markdown_table(
         ["arm", "compressor", "pins", "budget (tokens)", "episodes (count)", "completion (fraction)", "quality (0-1)",
-         "violations (count)", "truncated (fraction)", "tool calls (mean)", "re-queries (mean)", "prompt tokens (mean)",
+         "violations (count)", "truncated (fraction)", "tool calls (mean)", "valid calls (fraction)", "re-queries (mean)", "prompt tokens (mean)",
          "prompt tokens p50/p90/p99", "peak context (mean, tokens)", "peak context p50/p90/p99 (tokens)",
          "compression (ratio)", "prefix reuse (fraction)", "note"],
         [[a, _comp(per[a]["compressor"]), "on" if per[a]["pins_detection"] else "off", str(per[a]["budget"]), str(per[a]["n"]),
           _f(per[a]["completion"]), _f(per[a]["quality"]), str(per[a]["violations"]), _f(per[a]["truncated"]),
-          _f(per[a]["tool_calls"], 2), _f(per[a]["repeated_tool_calls"], 2), _f(per[a]["prompt_tokens_mean"], 0),
+          _f(per[a]["tool_calls"], 2), _f(per[a]["valid_call_rate"]) if per[a]["valid_call_rate"] is not None else "–",
+          _f(per[a]["repeated_tool_calls"], 2), _f(per[a]["prompt_tokens_mean"], 0),
           _q(per[a]["prompt_tokens_total"], 0), _f(per[a]["peak_context_mean"], 0), _q(per[a]["peak_context"], 0),
           f"{_f(per[a]['compression_ratio'], 2)}x", _f(per[a]["prefix_reuse"], 2), completion_note(per[a]) or "–"]
          for a in arms])

@@ -8,8 +8,9 @@
    written to `DIR/samples.parquet`; rows for TRL are `{"input_ids", "labels"}` with labels -100 off the
    loss mask (`ctxkit.integrations.trl.sample_record`). Samples over `max_length` are left out and counted.
 3. Train: the model (default SmolLM2-135M-Instruct, its GGUF dequantized to float32 and made trainable by
-   `trainable_copy`; LoRA through `peft` when configured, merged before saving) is fine-tuned on CPU by TRL's
-   `SFTTrainer`, which uses the labels as given. `DIR/checkpoint` holds the model and its tokenizer (a
+   `trainable_copy`; LoRA through `peft` when configured, merged before saving) is fine-tuned by TRL's
+   `SFTTrainer`, which uses the labels as given (on CPU in float32 by default; `device="cuda"` keeps float32
+   weights under bfloat16 autocast). `DIR/checkpoint` holds the model and its tokenizer (a
    folder the `transformers` agent loads: `model_path = "DIR/checkpoint"`), `DIR/train_log.jsonl` the loss
    per optimizer step, `DIR/loss.png` the curve, `DIR/sft.json` the run's figures (`SftResult.to_dict`).
 
@@ -33,7 +34,10 @@ from ctxkit.integrations.trl import sample_record, trainable_copy
 from ctxkit.training.episode_samples import TrainingSample, samples
 from ctxkit.training.sample_files import write_samples
 
-__all__ = ["SftResult", "collect_samples", "fitting", "run_sft", "sft_rows", "train_sft"]
+DEVICES: tuple[str, ...] = ("cpu", "cuda")
+"""Devices `ctxkit train sft` trains on."""
+
+__all__ = ["DEVICES", "SftResult", "collect_samples", "fitting", "run_sft", "sft_rows", "train_sft"]
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,11 @@ def sft_rows(found: Sequence[TrainingSample], max_length: int) -> tuple[list[dic
     return rows, len(found) - len(rows)
 
 
+def _check_device(device: str) -> None:
+    if device not in DEVICES:
+        raise ConfigError(f"ctxkit train sft: device {device!r}; expected one of {list(DEVICES)}")
+
+
 def _require_training_stack() -> tuple[Any, Any, Any]:
     try:
         import datasets  # lazy: the train extra loads on first use
@@ -121,8 +130,9 @@ def _with_lora(model: Any, spec: TrainSpec) -> Any:
 
 
 def make_trainer(model: Any, tokenizer: Any, rows: list[dict[str, list[int]]], spec: TrainSpec, out: Path, *,
-                 progress: bool = True) -> Any:
-    """TRL's `SFTTrainer` over pre-tokenized rows (labels used as given), on CPU, logging every step."""
+                 progress: bool = True, device: str = "cpu") -> Any:
+    """TRL's `SFTTrainer` over pre-tokenized rows (labels used as given), logging every step: float32 on CPU,
+    float32 weights with bfloat16 autocast on CUDA."""
     datasets, trl, torch = _require_training_stack()
     if spec.threads is not None:
         torch.set_num_threads(spec.threads)
@@ -130,21 +140,23 @@ def make_trainer(model: Any, tokenizer: Any, rows: list[dict[str, list[int]]], s
         output_dir=str(out / "trainer"), max_steps=spec.max_steps, per_device_train_batch_size=spec.batch_size,
         gradient_accumulation_steps=spec.grad_accum, learning_rate=spec.learning_rate, lr_scheduler_type="linear",
         logging_steps=1, save_strategy="no", report_to=[], seed=spec.seed, data_seed=spec.seed,
-        max_length=spec.max_length, use_cpu=True, activation_checkpointing=False, bf16=False,
+        max_length=spec.max_length, use_cpu=device == "cpu", activation_checkpointing=False, bf16=device == "cuda",
         include_num_input_tokens_seen="non_padding", disable_tqdm=not progress, dataloader_num_workers=0,
     )
     return trl.SFTTrainer(model=model, args=args, train_dataset=datasets.Dataset.from_list(rows),
                           processing_class=tokenizer)
 
 
-def train_sft(config: SftConfig, rows: list[dict[str, list[int]]], out: Path, *,
-              progress: bool = True) -> tuple[Any, Any, tuple[float, ...], int, float]:
-    """Fine-tune the config's model on `rows`; returns (model, tokenizer, losses, tokens seen, seconds)."""
+def train_sft(config: SftConfig, rows: list[dict[str, list[int]]], out: Path, *, progress: bool = True,
+              device: str = "cpu") -> tuple[Any, Any, tuple[float, ...], int, float]:
+    """Fine-tune the config's model on `rows` on `device` ("cpu" or "cuda"); returns (model, tokenizer, losses,
+    tokens seen, seconds)."""
+    _check_device(device)
     if not rows:
         raise ConfigError(f"{config.path}: no sample fits max_length={config.train.max_length}; nothing to train on")
-    lm = load_causal_lm(config.model, device="cpu", dtype="float32")
+    lm = load_causal_lm(config.model, device=device, dtype="float32")
     model = _with_lora(trainable_copy(lm.model), config.train)
-    trainer = make_trainer(model, lm.hf_tokenizer, rows, config.train, out, progress=progress)
+    trainer = make_trainer(model, lm.hf_tokenizer, rows, config.train, out, progress=progress, device=device)
     started = time.perf_counter()
     trainer.train()
     train_s = time.perf_counter() - started
@@ -173,16 +185,18 @@ def plot_losses(losses: Sequence[float], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def run_sft(config: SftConfig, out_dir: str | Path, *, force: bool = False, progress: bool = True) -> SftResult:
-    """Collect, make samples, train, save (module docstring). An existing checkpoint in `out_dir` is refused
-    unless `force`; the expert episodes of an earlier run in the same folder are reused."""
+def run_sft(config: SftConfig, out_dir: str | Path, *, force: bool = False, progress: bool = True,
+            device: str = "cpu") -> SftResult:
+    """Collect, make samples, train on `device`, save (module docstring). An existing checkpoint in `out_dir` is
+    refused unless `force`; the expert episodes of an earlier run in the same folder are reused."""
+    _check_device(device)
     out = Path(out_dir)
     if (out / "checkpoint").exists() and not force:
         raise ConfigError(f"{out / 'checkpoint'}: already exists; pass --force to train again, or choose a new --out")
     out.mkdir(parents=True, exist_ok=True)
     found, episodes, collect_s = collect_samples(config, out, progress=progress)
     rows, left_out = sft_rows(found, config.train.max_length)
-    model, tokenizer, losses, seen, train_s = train_sft(config, rows, out, progress=progress)
+    model, tokenizer, losses, seen, train_s = train_sft(config, rows, out, progress=progress, device=device)
     checkpoint = out / "checkpoint"
     model.save_pretrained(checkpoint)
     tokenizer.save_pretrained(checkpoint)

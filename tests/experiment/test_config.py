@@ -112,6 +112,43 @@ def test_shipped_configs_validate(name):
         assert cfg.agents[0].params["device"] == ("cuda" if name == "gpu.toml" else "cpu")
 
 
+def test_the_sft_evaluation_holds_out_the_training_seeds_on_the_training_tasks():
+    tokenizer_dir("smollm2-135m-instruct")
+    ev = load_config(REPO / "experiments" / "sft_eval.toml")
+    train = load_config(REPO / "experiments" / "sft_collect.toml")
+    validate(ev)
+    assert not set(ev.seeds) & set(train.seeds) and len(ev.seeds) >= 8
+    assert {t.name: t.params for t in ev.tasks} == {t.name: t.params for t in train.tasks}
+    assert (ev.tokenizer, ev.template) == (train.tokenizer, train.template)
+    agents = {a.label: a.params for a in ev.agents}
+    assert agents["sft"]["model_path"] == "runs/sft/checkpoint" and "model_path" not in agents["base"]
+    assert {k: v for k, v in agents["sft"].items() if k != "model_path"} == agents["base"]  # one sampling config
+    assert [(a.name, a.agent) for a in ev.arms] == [("base", "base"), ("sft", "sft"), ("sft+mask", "sft")]
+
+
+@pytest.mark.parametrize("name", ["lm_ablation.toml", "gpu.toml"])
+def test_the_trained_policy_ablation_is_the_evaluated_policy_under_every_compression(name):
+    tokenizer_dir("smollm2-135m-instruct")
+    grid = load_config(REPO / "experiments" / name)
+    ev = load_config(REPO / "experiments" / "sft_eval.toml")
+    train = load_config(REPO / "experiments" / "sft_collect.toml")
+    validate(grid)
+    assert not set(grid.seeds) & set(train.seeds) and set(ev.seeds) <= set(grid.seeds)
+    assert {t.name: t.params for t in grid.tasks} == {t.name: t.params for t in ev.tasks}
+    (policy,) = grid.agents
+    device = "cuda" if name == "gpu.toml" else "cpu"
+    expected = {**ev.agent("sft").params, "device": device}
+    if device == "cuda":
+        expected.pop("num_threads")
+    assert policy.params == expected
+    assert [(a.name, a.compressor, a.pins, a.budget) for a in grid.arms] == [
+        ("keep-all", "keep-all", True, 3072), ("window", "window", False, 1024), ("window+pins", "window", True, 1024),
+        ("mask-then-window-v2", "mask-then-window-v2", True, 1024),
+        ("truncate-then-window-v2", "truncate-then-window-v2", True, 1024),
+        ("summarize-then-window", "summarize-then-window", True, 1024), ("retrieve", "retrieve", True, 1024)]
+    assert grid.baseline == "keep-all" and grid.limits == ev.limits
+
+
 def test_parse_config_defaults():
     cfg = parse_config({"tokenizer": "tiktoken:cl100k_base", "tasks": {"multi-hop": {}},
                         "arms": [{"name": "k", "compressor": "keep-all"}]})

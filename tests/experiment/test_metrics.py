@@ -125,6 +125,26 @@ def test_episode_metrics_counts_and_ratios():
     assert t["other_s"] == pytest.approx(2.0 - 0.3 - 1.5 - 0.15)
 
 
+def test_malformed_tool_calls_are_counted_apart_from_parsed_ones():
+    # One parsed call beside a block with bad JSON, then a turn whose only call never closes: the malformed
+    # blocks run no tool, so they are not in tool_calls; the report's valid-call rate is parsed / attempted.
+    from ctxkit.experiment.report import valid_call_rate
+    good = ToolCall(id="c0", name="read_file", arguments='{"path": "a"}')
+    events = [
+        Step(token_ids=(1,), tool_calls=(good,),
+             content='<tool_call>\n{"name": "read_file", "arguments": {"path": "a"}}\n</tool_call>\n'
+                     '<tool_call>\n{"name": "read_file", "arguments": {path: b}}\n</tool_call>'),
+        ToolResult(tool_call_id="c0", content="x"),
+        Step(token_ids=(2,), content='I will read it. <tool_call>\n{"name": "ls", "arguments": {}}'),
+        EpisodeEnd(outcome="terminated", cause="answered", reward=0.0, reward_kind="task_failure"),
+    ]
+    m = episode_metrics(events, [_rec(10, 10, 0), _rec(10, 10, 0)], wall_s=1.0)
+    assert (m["tool_calls"], m["malformed_tool_calls"]) == (1, 2)
+    assert valid_call_rate([m]) == 1 / 3
+    assert valid_call_rate([{"tool_calls": 0}]) is None  # nothing attempted (and a row from before the field)
+    assert valid_call_rate([{"tool_calls": 4}]) == 1.0
+
+
 def test_discarded_episode_has_no_loss_tokens():
     events = [Step(token_ids=(1, 2)), EpisodeEnd(outcome="truncated", cause="context_budget", reward_kind="length_truncation")]
     m = episode_metrics(events, [_rec(10, 10, 0)], wall_s=1.0)

@@ -259,10 +259,12 @@ def test_findings_without_significant_differences():
 def test_arms_table_gives_means_beside_quantiles():
     text = render_markdown(summarize(ROWS, baseline="a", n_resamples=50), title="T")
     header = _tables(text)[0][0]
-    assert header[11:15] == ["prompt tokens (mean)", "prompt tokens p50/p90/p99", "peak context (mean, tokens)",
+    assert header[9:11] == ["tool calls (mean)", "valid calls (fraction)"]
+    assert header[12:16] == ["prompt tokens (mean)", "prompt tokens p50/p90/p99", "peak context (mean, tokens)",
                              "peak context p50/p90/p99 (tokens)"]
-    assert _cells(text, "a")[0][11:15] == ["2,000", "2,000 / 2,800 / 2,980", "400", "400 / 560 / 596"]
-    assert _cells(text, "b")[0][11] == "1,600"
+    assert _cells(text, "a")[0][12:16] == ["2,000", "2,000 / 2,800 / 2,980", "400", "400 / 560 / 596"]
+    assert _cells(text, "b")[0][12] == "1,600"
+    assert _cells(text, "a")[0][10] == "1"  # rows without malformed_tool_calls: every attempted call parsed
 
 
 def test_discarded_is_worded_as_the_audit_definition():

@@ -112,6 +112,15 @@ def test_lora_table_and_the_shipped_configs():
     assert LoraSpec().target_modules == ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
+def test_an_unknown_device_is_refused_before_anything_runs(tmp_path):
+    from ctxkit.integrations.sft import run_sft
+
+    config = load_sft_config(write_configs(tmp_path))
+    with pytest.raises(ConfigError, match=r"ctxkit train sft: device 'tpu'; expected one of \['cpu', 'cuda'\]"):
+        run_sft(config, tmp_path / "run", device="tpu")
+    assert not (tmp_path / "run").exists()  # nothing collected, nothing written
+
+
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     """One tiny behaviour-cloning run: 2 expert episodes, 6 optimizer steps on SmolLM2-135M."""

@@ -8,7 +8,7 @@ from ctxkit.cli.commands.outputs import add_force
 
 
 def register_train(subparsers) -> None:
-    """Add `ctxkit train sft CONFIG --out DIR [--quick] [--force] [--no-progress]`."""
+    """Add `ctxkit train sft CONFIG --out DIR [--quick] [--force] [--no-progress] [--device cpu|cuda]`."""
     train = subparsers.add_parser("train", help="train a policy on ctxkit samples (sft)",
                                   description="Train a policy on samples ctxkit made from its own episodes.")
     sub = train.add_subparsers(dest="train_command", metavar="KIND", required=True)
@@ -16,11 +16,13 @@ def register_train(subparsers) -> None:
         "sft", help="behaviour cloning: collect expert episodes, make samples, fine-tune with TRL",
         description="Run CONFIG's expert ablation into DIR/expert, turn every episode into ctxkit samples "
                     "(DIR/samples.parquet: loss on sampled assistant tokens only), fine-tune the model with TRL's "
-                    "SFTTrainer on CPU, and save DIR/checkpoint, DIR/loss.png, DIR/train_log.jsonl and DIR/sft.json.")
+                    "SFTTrainer (on CPU unless --device cuda), and save DIR/checkpoint, DIR/loss.png, DIR/train_log.jsonl and DIR/sft.json.")
     sft.add_argument("config", metavar="CONFIG", help="behaviour-cloning config (.toml), e.g. experiments/sft.toml")
     sft.add_argument("--out", required=True, metavar="DIR", help="run folder (created; its expert episodes are reused)")
     sft.add_argument("--quick", action="store_true", help="apply the config's [quick] table (a few minutes)")
     sft.add_argument("--no-progress", action="store_true", help="no progress bars")
+    sft.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                     help="train on CPU (float32, the default) or CUDA (bfloat16 autocast)")
     add_force(sft)
     sft.set_defaults(func=_sft)
 
@@ -30,7 +32,7 @@ def _sft(args: argparse.Namespace) -> int:
     from ctxkit.integrations.sft_config import load_sft_config  # lazy: per command: keeps `ctxkit --help` fast
 
     config = load_sft_config(args.config, quick=args.quick)
-    result = run_sft(config, args.out, force=args.force, progress=not args.no_progress)
+    result = run_sft(config, args.out, force=args.force, progress=not args.no_progress, device=args.device)
     first, last = (result.losses[0], result.losses[-1]) if result.losses else (float("nan"), float("nan"))
     print(f"{result.episodes} expert episodes -> {result.samples} samples ({result.left_out} over max_length left out), "
           f"{result.tokens} tokens, {result.loss_tokens} loss-bearing")
