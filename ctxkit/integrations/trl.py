@@ -53,7 +53,7 @@ from ctxkit.text.tokenizer.loader import Tokenizer, load_tokenizer
 from ctxkit.training.sample_files import read_samples
 
 __all__ = [
-    "EpisodeRollout", "RolloutRow", "SPLIT_POLICIES", "episode_rollout", "reward_func", "rollout_batch",
+    "EpisodeRollout", "RolloutRow", "SPLIT_POLICIES", "SeedOffset", "episode_rollout", "reward_func", "rollout_batch",
     "run_tool_episode", "sample_to_rollout", "sft_dataset", "sft_records", "trainable_copy",
 ]
 
@@ -296,20 +296,22 @@ class EpisodeRollout:
             path = self.out_dir / f"step{step:05d}" / f"{self.task.name}-{seed}-{i}.jsonl"
             path.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(prefix="ctxkit-trl-") as tmp:
-                run_tool_episode(path, task=self.task, seed=seed, builder=self.builder, agent=_Seeded(agent, run),
+                run_tool_episode(path, task=self.task, seed=seed, builder=self.builder, agent=SeedOffset(agent, run),
                                  max_steps=self.max_steps, episode_id=f"{self.task.name}-{seed}-s{step}-{i}", workdir=tmp)
             self.logs.append(path)
             rows.append(episode_rollout(path, on_split=self.on_split))
         return rollout_batch(rows)
 
 
-class _Seeded:
-    """An agent whose sampling seeds are offset per rollout, so the repeated entries of a GRPO group differ."""
+class SeedOffset:
+    """An agent whose sampling seeds are offset (`offset`), so the repeated entries of a GRPO group differ."""
 
     def __init__(self, agent: Any, offset: int):
+        """Wrap `agent`; every `act` seed is shifted by `offset`."""
         self.agent, self.offset, self.name = agent, offset, getattr(agent, "name", "")
 
     def act(self, context: Any, *, tools: Any, seed: int) -> Any:
+        """The wrapped agent's turn at `seed + offset`."""
         return self.agent.act(context, tools=tools, seed=seed + self.offset)
 
 

@@ -133,7 +133,7 @@ def test_the_trained_policy_ablation_is_the_evaluated_policy_under_every_compres
     ev = load_config(REPO / "experiments" / "sft_eval.toml")
     train = load_config(REPO / "experiments" / "sft_collect.toml")
     validate(grid)
-    assert not set(grid.seeds) & set(train.seeds) and set(ev.seeds) <= set(grid.seeds)
+    assert not set(grid.seeds) & set(train.seeds) and len(grid.seeds) >= (16 if name == "gpu.toml" else 4)
     assert {t.name: t.params for t in grid.tasks} == {t.name: t.params for t in ev.tasks}
     (policy,) = grid.agents
     device = "cuda" if name == "gpu.toml" else "cpu"
