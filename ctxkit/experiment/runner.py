@@ -25,7 +25,7 @@ An agent table with `server = "llama-cpp"` gets a llama.cpp server on 127.0.0.1 
 episode runs and stopped after the last (`engine_server.serve_agents`); the config fingerprint is that of
 the config as written (the server's port is not part of it), so a resumed run starts a fresh server.
 
-Ctrl-C (SIGINT) raises `RunInterrupted` (a `KeyboardInterrupt` carrying how many finished episodes are kept):
+Ctrl-C (SIGINT), or SIGTERM, raises `RunInterrupted` (a `KeyboardInterrupt` carrying how many finished episodes are kept):
 local workers ignore SIGINT and are stopped by the parent, queued Ray tasks are cancelled, the lock is
 released, and a rerun resumes.
 """
@@ -41,6 +41,7 @@ import os
 import signal
 import socket
 import tempfile
+import threading
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
@@ -351,7 +352,7 @@ def run_experiment(
         check_ray_address(address)
     validate(config)
     session = _ray_session(workers, address) if executor == "ray" else contextlib.nullcontext()
-    with session, open_run_folder(out):
+    with session, open_run_folder(out), _terminate_as_interrupt():
         todo, reused, aborted = _prepare(config, out)
         written = {s.key for s in config.episodes()} - {s.key for s in todo}
         total = len(config.episodes())
@@ -379,6 +380,25 @@ def run_experiment(
             # count what is on disk: the signal may land between a row's append and its bookkeeping
             raise RunInterrupted(str(out), len(read_rows(out, resume=True))) from None
     return RunSummary(str(out), total, reused, len(todo), tuple(aborted), report_path)
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt():
+    """While the grid runs in the main thread, SIGTERM (`kill`, a job scheduler) stops it as Ctrl-C does:
+    the workers are stopped with it and the lock released. Python's default would end this process alone and
+    leave the pool's workers running their episodes into the folder."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class _progress:

@@ -3,6 +3,7 @@ the real command in a subprocess, one `ctxkit: error:` line and exit 2, no trace
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -316,3 +317,31 @@ def test_a_run_with_duplicate_rows_is_repaired_by_a_rerun(tmp_path, finished):
     summary = run_experiment(load_config(write_config(tmp_path, tiny_toml())), run, progress=False, report=False)
     assert (summary.reused, summary.ran) == (1, 0)
     assert (run / "results.jsonl").read_bytes() == first
+
+
+def test_sigterm_stops_the_workers_with_the_run(tmp_path):
+    """`kill PID` (SIGTERM to the parent alone) stops the run as Ctrl-C does: no worker is left running
+    episodes into the folder, the finished ones are kept, and a rerun resumes."""
+    cfg = write_config(tmp_path, tiny_toml(seeds="[0, 1, 2, 3, 4, 5, 6, 7]"))
+    out = tmp_path / "run"
+    proc = _start(cfg, out, "--workers", "2")
+    try:
+        _wait_for_rows(proc, out, 1)
+        proc.send_signal(signal.SIGTERM)  # the parent only, as `kill` or `pkill -f "ctxkit ablate"` does
+        _, stderr = proc.communicate(timeout=HANG_GUARD_S)
+        deadline = time.monotonic() + HANG_GUARD_S
+        while True:  # every process of the run's group is gone: the workers stopped with their parent
+            try:
+                os.killpg(proc.pid, 0)
+            except ProcessLookupError:
+                break
+            assert time.monotonic() < deadline, "a worker outlived the run it belongs to"
+            time.sleep(0.05)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    kept = _rows_on_disk(out)
+    assert proc.returncode == 130 and "Traceback" not in stderr, stderr
+    assert 1 <= kept < 8 and len(set(_episode_ids(out))) == kept
+    rerun = _ctxkit("ablate", str(cfg), "--out", str(out), "--no-progress")
+    assert rerun.returncode == 0 and rerun.stdout.startswith(f"8 episodes: {8 - kept} run, {kept} reused"), rerun.stderr
