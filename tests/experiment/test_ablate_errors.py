@@ -227,7 +227,10 @@ def _rows_on_disk(out: Path) -> int:
 
 def _start(cfg: Path, out: Path, *extra: str) -> subprocess.Popen:
     return subprocess.Popen([*CLI, "ablate", str(cfg), "--out", str(out), "--no-progress", *extra], cwd=REPO, env=ENV,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            # a suite started in the background (`cmd &`) hands SIGINT down ignored, and Python
+                            # then installs no Ctrl-C handler: give the run the default a terminal would
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def _wait_for_rows(proc: subprocess.Popen, out: Path, n: int) -> None:

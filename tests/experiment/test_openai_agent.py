@@ -10,7 +10,7 @@ from ctxkit.errors import ConfigError, CtxkitError
 from ctxkit.events import EpisodeStart, Message
 from ctxkit.experiment.agents.base import make_agent, to_step
 from ctxkit.experiment.agents.openai_http import OpenAIAgent, OpenAIHTTPError, OpenAITimeoutError
-from ctxkit.experiment.agents.parsing import make_call_id
+from ctxkit.experiment.agents.parsing import make_call_id, turn_call_seed
 from openai_stub_server import ModelGenerator, RuleGenerator, StubOpenAIServer
 
 TOOLS = (
@@ -94,7 +94,7 @@ def test_token_ids_round_trip_and_exact_request(tok, eot, episode):
     assert turn.finish_reason == "stop"
     assert turn.content is None
     assert [(c.id, c.name, c.arguments) for c in turn.tool_calls] == [
-        (make_call_id(ctx.hash, 0), "echo", '{"n": %d, "seed": 5}' % ctx.n_tokens)
+        (make_call_id(turn_call_seed(ctx.hash, 5), 0), "echo", '{"n": %d, "seed": 5}' % ctx.n_tokens)
     ]
     assert turn.sampling["engine"] == {
         "endpoint": "completions", "ids_source": "server", "logprobs_mode": "raw",

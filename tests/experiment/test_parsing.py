@@ -222,3 +222,15 @@ def test_property_never_raises_and_every_block_is_accounted_for(text):
     assert blocks <= text.count("<tool_call>")
     for call in turn.tool_calls:
         assert isinstance(json.loads(call.arguments), dict)
+
+
+def test_two_turns_on_the_same_view_get_distinct_call_ids():
+    # a compressor can show the same context at two steps (same hash); the step's sampling seed keeps the two
+    # turns' call ids apart, so a tool result answers exactly one call (`ctxkit audit`'s resume check)
+    from ctxkit.experiment.agents.parsing import turn_call_seed
+
+    text = '<tool_call>\n{"name": "ls", "arguments": {}}\n</tool_call>'
+    first = parse_text(text, call_id_seed=turn_call_seed("samehash", 11)).tool_calls[0].id
+    second = parse_text(text, call_id_seed=turn_call_seed("samehash", 12)).tool_calls[0].id
+    again = parse_text(text, call_id_seed=turn_call_seed("samehash", 11)).tool_calls[0].id
+    assert first != second and first == again and len(first) == 9

@@ -24,7 +24,7 @@ import inspect
 
 from ctxkit.errors import BudgetError, ConfigError
 from ctxkit.experiment.agents.base import AgentTurn
-from ctxkit.experiment.agents.parsing import END_OF_TURN_TOKENS, parse_ids
+from ctxkit.experiment.agents.parsing import END_OF_TURN_TOKENS, parse_ids, turn_call_seed
 from ctxkit.experiment.agents.sampling import SamplingConfig, make_generator, sample, token_distributions
 from ctxkit.context.models import load_causal_lm
 from ctxkit.text.tokenizer.loader import Tokenizer, load_tokenizer
@@ -161,7 +161,7 @@ class TransformersAgent:
                     f"transformers agent: context {context.hash[:16]} was rendered with tokenizer {ctx_tok}, "
                     f"but the agent was built for {self.tokenizer.id}"
                 )
-        return self.generate(context.token_ids, seed=seed, call_id_seed=context.hash)
+        return self.generate(context.token_ids, seed=seed, call_id_seed=turn_call_seed(context.hash, seed))
 
     def generate(
         self,

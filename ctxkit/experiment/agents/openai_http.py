@@ -47,7 +47,7 @@ from ctxkit.experiment.agents.openai_wire import (
     server_call,
     wire_message,
 )
-from ctxkit.experiment.agents.parsing import END_OF_TURN_TOKENS, end_of_turn_ids, parse_text
+from ctxkit.experiment.agents.parsing import END_OF_TURN_TOKENS, end_of_turn_ids, parse_text, turn_call_seed
 from ctxkit.experiment.engine_server import server_spec
 from ctxkit.text.tokenizer.loader import Tokenizer, load_tokenizer
 
@@ -205,11 +205,11 @@ class OpenAIAgent:
         """Ask the server for the next turn: token ids to `/v1/completions` (llama-cpp: the ids' text, checked), or
         messages to `/v1/chat/completions`."""
         if self.dialect == "llama-cpp":
-            return self.complete_text(context.token_ids, seed=seed, call_id_seed=context.hash)
+            return self.complete_text(context.token_ids, seed=seed, call_id_seed=turn_call_seed(context.hash, seed))
         if self.use_token_ids:
-            return self.complete_ids(context.token_ids, seed=seed, call_id_seed=context.hash)
+            return self.complete_ids(context.token_ids, seed=seed, call_id_seed=turn_call_seed(context.hash, seed))
         messages = [wire_message(m.to_chat()) for m in context.view.messages]
-        return self.chat(messages, tools=tools, seed=seed, context_ids=context.token_ids, call_id_seed=context.hash)
+        return self.chat(messages, tools=tools, seed=seed, context_ids=context.token_ids, call_id_seed=turn_call_seed(context.hash, seed))
 
     def complete_ids(self, token_ids: Sequence[int], *, seed: int, call_id_seed: str = "") -> AgentTurn:
         """Sample after the prompt `token_ids` through `/v1/completions` (token-in, token-out)."""

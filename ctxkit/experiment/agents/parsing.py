@@ -84,6 +84,12 @@ class ParsedTurn:
         return not self.errors
 
 
+def turn_call_seed(context_hash: str, seed: int) -> str:
+    """The call-id seed of one turn: its context's hash and its sampling seed. The hash alone repeats when a
+    compressor shows the same view at two steps, and the ids of the two turns' calls would collide."""
+    return f"{context_hash}:{int(seed)}"
+
+
 def make_call_id(seed: str, index: int) -> str:
     """A deterministic 9-character alphanumeric call id from a seed (e.g. the context hash) and an index."""
     digest = int.from_bytes(hashlib.sha256(f"{seed}\x00{index}".encode()).digest()[:16], "big")
