@@ -45,7 +45,7 @@ from ctxkit.errors import ConfigError
 from ctxkit.events import EpisodeEnd, Step
 from ctxkit.experiment.agents.hf import TransformersAgent
 from ctxkit.experiment.tasks.base import make_task
-from ctxkit.integrations.trl import SeedOffset, run_tool_episode
+from ctxkit.integrations.trl import SeedOffset, run_tool_episode, trainable_copy
 from ctxkit.log.file_format import read_events
 from ctxkit.text.tokenizer.loader import Tokenizer, load_tokenizer
 from ctxkit.training.episode_samples import TrainingSample, samples
@@ -241,8 +241,6 @@ def run_grpo(spec: GrpoSpec, out_dir: str | Path, *, model_path: str | None = No
     """Train the model at `model_path` (None: SmolLM2-135M-Instruct) with GRPO on `spec` (module docstring);
     returns the iterations, also appended to `out_dir/grpo_log.jsonl`. `tokenizer`: the contexts' tokenizer."""
     import torch  # lazy: the train extra loads on first use
-
-    from ctxkit.integrations.trl import trainable_copy  # lazy: keeps this module's import light
 
     if threads is not None:
         torch.set_num_threads(threads)
