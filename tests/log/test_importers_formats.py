@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from conftest import shared_path
 from ctxkit.cli.parser import main
@@ -316,6 +318,22 @@ def test_a_bad_jsonl_line_is_skipped_and_named_or_refused_with_strict(tmp_path, 
     assert main(["import", path, "--out-dir", str(tmp_path / "strict"), "--strict"]) == 2
     assert capsys.readouterr().err == f"ctxkit: error: {message}\n"
     assert not (tmp_path / "strict").exists()
+    first_bad = rows_file(tmp_path, ["{oops", good])
+    result = import_file(first_bad)  # the format is told from the lines that parse
+    assert [e.entry_id for e in result.episodes] == ["a"] and result.episodes[0].source.line == 2
+    assert [s.reason for s in result.skipped] == [f"{first_bad}:1: episode #0: invalid JSON: unexpected character, expected a string key (column 2)"]
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(good=st.lists(st.booleans(), min_size=1, max_size=8).filter(any))
+def test_jsonl_rows_import_in_order_and_exactly_the_bad_lines_are_skipped(tmp_path, good):
+    rows = [json.dumps({"instance_id": f"r{i}", "history": OH_EVENTS[:2]}) if ok else f'{{"instance_id": "r{i}"'
+            for i, ok in enumerate(good)]
+    path = rows_file(tmp_path, rows)
+    result = import_file(path)
+    assert [(e.entry_id, e.source.line) for e in result.episodes] == [(f"r{i}", i + 1) for i, ok in enumerate(good) if ok]
+    assert [s.index for s in result.skipped] == [i for i, ok in enumerate(good) if not ok]
+    assert all(s.reason.startswith(f"{path}:{s.index + 1}: episode #{s.index}: invalid JSON: ") for s in result.skipped)
 
 
 def smith_with_a_stripped_closing_tag(tmp_path) -> tuple[str, str]:

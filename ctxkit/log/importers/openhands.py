@@ -24,9 +24,6 @@ from typing import Any, Mapping, Sequence
 
 from ctxkit.log.importers.common import ImportedEpisode, Importer, SourceInfo, drop_nulls, ending, episode_events, require
 
-_ROW_KEYS = ("history",)
-
-
 def _is_event(item: Any) -> bool:
     return isinstance(item, Mapping) and "source" in item and ("action" in item or "observation" in item)
 
@@ -41,8 +38,10 @@ def matches(obj: Any) -> bool:
 
 
 def entries(doc: Sequence[Any]) -> Sequence[Any]:
-    """Each row is an episode; a bare event list is one."""
-    return doc if _is_row(doc[0]) else [doc]
+    """Each row is an episode (the rows of a JSONL file may include lines that did not parse); a bare event
+    list is one."""
+    first = next((item for item in doc if isinstance(item, Mapping)), None)
+    return doc if _is_row(first) else [doc]
 
 
 def entry_problem(item: Any) -> str | None:
