@@ -355,7 +355,13 @@ def test_a_malformed_episode_is_skipped_the_rest_imports_and_strict_refuses(tmp_
     assert str(info.value) == message
     assert len(read_episodes(path, select="0,1,3,4")) == 4  # --select skips it before it is read, even strict
     assert main(["import", path, "--select", "2", "-o", str(tmp_path / "x.jsonl")]) == 2
-    assert capsys.readouterr().err.endswith(f"no episode could be read; 1 malformed, the first: {message}\n")
+    assert capsys.readouterr().err == f"ctxkit: error: {message}\n"  # the one episode chosen: its own error
+    assert main(["import", path, "--select", "2", "-o", str(tmp_path / "x.jsonl")]) == 2
+    capsys.readouterr()
+    with pytest.raises(ImportFormatError) as info:
+        import_file(rows_file(tmp_path, [json.dumps({"instance_id": "a", "history": OH_EVENTS}), "{", "[1"]), select="1:")
+    assert str(info.value) == (f"{tmp_path / 'rows.jsonl'}: no episode could be read; 2 malformed, the first: "
+                               f"{tmp_path / 'rows.jsonl'}:2: episode #1: invalid JSON: unexpected end of data (column 2)")
     assert main(["import", path, "--strict", "--out-dir", str(tmp_path / "s")]) == 2
     assert capsys.readouterr().err == f"ctxkit: error: {message}\n"
     assert main(["import", path, "--out-dir", str(tmp_path / "ok")]) == 0

@@ -88,6 +88,7 @@ def import_file(path: str | Path, format: str = "auto", select: str | None = Non
     chosen = range(len(items)) if select is None else select_indexes(ids, select)
     episodes: list[ImportedEpisode] = []
     skipped: list[SkippedEntry] = []
+    errors: list[ImportFormatError] = []
     for i in chosen:
         source = SourceInfo(path=path, format=name, entry_id=ids[i], index=i, line=lines[i] if lines else None)
         try:
@@ -96,6 +97,9 @@ def import_file(path: str | Path, format: str = "auto", select: str | None = Non
             if strict:
                 raise exc.error from None
             skipped.append(SkippedEntry(index=i, entry_id=ids[i], reason=str(exc.error)))
+            errors.append(exc.error)
+    if len(errors) == 1 and not episodes:
+        raise errors[0]
     if not episodes:
         raise ImportFormatError(f"no episode could be read; {len(skipped)} malformed, the first: {skipped[0].reason}",
                                 path=path)
