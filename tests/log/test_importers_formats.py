@@ -397,3 +397,24 @@ def test_cli_writes_a_typed_end_for_each_new_format(tmp_path):
                  "--out-dir", str(out)]) == 0
     ends = [read_events(p)[-1] for p in sorted(out.iterdir())]
     assert [(e.outcome, e.cause, e.reward_kind) for e in ends] == [("terminated", "user_stop", "scored")] * 2
+
+
+@pytest.mark.parametrize("name, doc, error", [
+    ("toucan.json", [{"id": "t", "messages": [{"role": "user", "content": "q"},
+                                              {"role": "function", "name": "search", "content": "r"}]}],
+     "episode t (#0): turn 1: a 'function' result answers no function_call"),
+    ("sft.json", [{"id": "s", "conversations": [{"from": "human", "value": "q"}, {"from": "observation", "value": "r"}]}],
+     "episode s (#0): turn 1: a 'observation' turn answers no call"),
+    ("sft2.json", [{"id": "s", "conversations": [{"from": "narrator", "value": "q"}]}],
+     "episode s (#0): turn 0: field 'from': 'narrator' is not one of ['assistant', 'function_call', 'function_response', "
+     "'gpt', 'human', 'observation', 'system', 'tool', 'user']"),
+    ("m.traj.json", {**MINI_V2, "messages": [MINI_V2["messages"][-1], *MINI_V2["messages"][:2]]},
+     "episode demo-1 (#0): turn 0: an 'exit' message may only come last (found at [0])"),
+    ("r.json", {**TAU2, "simulations": [{**TAU2["simulations"][0], "messages": [{"role": "system", "content": "x"}]}]},
+     "episode task-1-trial-0 (#0): turn 0: role 'system' is not assistant, user or tool"),
+])
+def test_a_malformed_turn_names_file_episode_and_turn(tmp_path, name, doc, error):
+    path = write(tmp_path, name, doc)
+    with pytest.raises(ImportFormatError) as info:
+        import_file(path)  # the file's one episode is malformed: its own error
+    assert str(info.value) == f"{path}: {error}"

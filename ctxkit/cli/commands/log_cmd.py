@@ -60,7 +60,7 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def register_import(subparsers) -> None:
-    """Add `ctxkit import FILE [--format F] (-o LOG | --out-dir DIR) [--select S] [--tools T] [--tokenizer T]`."""
+    """Add `ctxkit import FILE [--format F] (-o LOG | --out-dir DIR) [--select S] [--tools T] [--strict] [--tokenizer T]`."""
     parser = subparsers.add_parser(
         "import", help="turn a conversation or recorded trajectories into episode logs",
         description="Turn a conversation or another agent's recorded trajectories into episode logs: OpenAI/HF "

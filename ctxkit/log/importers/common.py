@@ -243,10 +243,11 @@ def legacy_function_calls(messages: Sequence[Mapping[str, Any]], source: SourceI
         role, call = msg.get("role"), msg.get("function_call")
         if role == "function":
             require(pending is not None, "a 'function' result answers no function_call", source, turn=turn)
-            require(msg.get("name") in (None, pending[1]),  # type: ignore[index]
-                    f"a 'function' result named {msg.get('name')!r} answers a call of {pending[1]!r}", source, turn=turn)  # type: ignore[index]
-            out.append({**{k: v for k, v in msg.items() if k != "role"}, "role": "tool", "tool_call_id": pending[0],  # type: ignore[index]
-                        "name": pending[1]})  # type: ignore[index]
+            call_id, name = pending or ("", "")
+            require(msg.get("name") in (None, name), f"a 'function' result named {msg.get('name')!r} answers a "
+                                                     f"call of {name!r}", source, turn=turn)
+            out.append({**{k: v for k, v in msg.items() if k != "role"}, "role": "tool", "tool_call_id": call_id,
+                        "name": name})
             pending = None
             continue
         require(pending is None, f"function_call {pending[1] if pending else ''!r} of the turn before has no "
