@@ -418,3 +418,14 @@ def test_a_malformed_turn_names_file_episode_and_turn(tmp_path, name, doc, error
     with pytest.raises(ImportFormatError) as info:
         import_file(path)  # the file's one episode is malformed: its own error
     assert str(info.value) == f"{path}: {error}"
+
+
+def test_an_imported_chat_passes_audit(tmp_path, capsys):
+    """The stated end is what lets `ctxkit audit` pass a chat import (no end failed `rewards` and `ends`)."""
+    log = tmp_path / "logs" / "chat.jsonl"
+    log.parent.mkdir()
+    chat = write(tmp_path, "chat.json", {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]})
+    assert main(["import", chat, "-o", str(log), "--tokenizer", str(shared_path("tokenizers", "qwen2.5-instruct"))]) == 0
+    capsys.readouterr()
+    assert main(["audit", str(log.parent)]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("audit: ok")
