@@ -6,6 +6,7 @@ shared file of each, and every error path with its exact message."""
 from __future__ import annotations
 
 import json
+import pickle
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -309,6 +310,8 @@ def test_a_bad_jsonl_line_is_skipped_and_named_or_refused_with_strict(tmp_path, 
     with pytest.raises(ImportFormatError) as info:
         read_episodes(path)
     assert str(info.value) == message and info.value.line == 2
+    again = pickle.loads(pickle.dumps(info.value))  # crosses process pools whole, its location once
+    assert (str(again), again.path, again.line, again.episode) == (message, path, 2, "#1")
     out = tmp_path / "logs"
     assert main(["import", path, "--out-dir", str(out)]) == 0
     captured = capsys.readouterr()
