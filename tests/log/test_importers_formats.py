@@ -432,3 +432,36 @@ def test_an_imported_chat_passes_audit(tmp_path, capsys):
     capsys.readouterr()
     assert main(["audit", str(log.parent)]) == 0
     assert capsys.readouterr().out.rstrip().endswith("audit: ok")
+
+
+ADP_STD = [{"schema_version": "1.3.1", "id": "std-1", "details": {"dataset": "demo"}, "content": [
+    {"class_": "text_observation", "content": "Find 2+2.", "name": None, "source": "user"},
+    {"tool_call_id": "call_000001", "class_": "code_action", "language": "python", "content": "print(2+2)",
+     "description": "Compute it."},
+    {"tool_call_id": "call_000001", "class_": "text_observation", "content": "4", "name": None, "source": "environment"},
+    {"class_": "api_action", "function": "lookup", "kwargs": {"q": "four"}, "description": "", "reasoning_content": "check"},
+    {"class_": "text_observation", "content": "four = 4", "source": "environment"},
+    {"class_": "message_action", "content": "<solution> 4 </solution>", "description": "The answer is"}]}]
+
+
+def test_adp_standardized_golden(tmp_path):
+    [ep] = read_episodes(write(tmp_path, "sample_std.json", ADP_STD))
+    assert (ep.entry_id, ep.source.format) == ("std-1", "adp-std")
+    assert golden(ep) == [
+        ("user", "Find 2+2.", [], None),
+        ("assistant", "Compute it.", [("call_000001", "python", {"code": "print(2+2)"})], None),
+        ("tool", "4", [], "call_000001"),
+        ("assistant", "", [("call_3", "lookup", {"q": "four"})], None),
+        ("tool", "four = 4", [], "call_3"),
+        ("assistant", "<solution> 4 </solution>", [], None),
+        ("end", "truncated", "source_ended", None, "unscored"),
+    ]
+    messages = [e for e in ep.events if isinstance(e, Message)]
+    assert messages[3].reasoning_content == "check" and messages[5].extra == {"description": "The answer is"}
+    assert ep.events[0].metadata["source"] == {"schema_version": "1.3.1", "id": "std-1", "details": {"dataset": "demo"}}
+    bad = json.loads(json.dumps(ADP_STD))
+    bad[0]["content"][2]["tool_call_id"] = "call_9"
+    with pytest.raises(ImportFormatError) as info:
+        read_episodes(write(tmp_path, "bad_std.json", bad))
+    assert str(info.value) == (f"{tmp_path / 'bad_std.json'}: episode std-1 (#0): turn 2: an observation answers "
+                               "tool_call_id 'call_9', which no unanswered action called")

@@ -65,13 +65,13 @@ def register_import(subparsers) -> None:
         "import", help="turn a conversation or recorded trajectories into episode logs",
         description="Turn a conversation or another agent's recorded trajectories into episode logs: OpenAI/HF "
                     "chat, SWE-agent .traj, tau-bench results, Agent Data Protocol raw samples, mini-swe-agent "
-                    ".traj.json, OpenHands event streams, tau2-bench results, ShareGPT SFT files (mappings: "
+                    ".traj.json, OpenHands event streams, tau2-bench results, ShareGPT SFT files, ADP standardized files (mappings: "
                     "docs/IMPORTERS.md). One episode goes to -o LOG; a file of many to --out-dir DIR, one log "
                     "per episode named by its entry id. A malformed episode is skipped and said on stderr "
                     "(--strict refuses the file instead).")
     parser.add_argument("file", metavar="FILE", help="the trajectory or conversation file (JSON, or JSONL read line by line)")
     parser.add_argument("--format", default="auto", choices=("auto", "openai", "swe-agent", "tau-bench", "adp",
-                                                             "mini-swe-agent", "openhands", "tau2", "sharegpt"),
+                                                             "mini-swe-agent", "openhands", "tau2", "sharegpt", "adp-std"),
                         help="source format (default: auto, from the JSON shape)")
     parser.add_argument("--strict", action="store_true",
                         help="refuse the file at its first malformed episode instead of skipping it")

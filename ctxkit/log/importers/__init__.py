@@ -14,7 +14,8 @@ from typing import Any, Sequence
 
 from ctxkit.log.conversation import load_conversation
 from ctxkit.errors import ConfigError, ImportFormatError
-from ctxkit.log.importers import adp, mini_swe_agent, openai_chat, openhands, sharegpt, swe_agent, tau2, tau_bench
+from ctxkit.log.importers import (adp, adp_standardized, mini_swe_agent, openai_chat, openhands, sharegpt, swe_agent,
+                                  tau2, tau_bench)
 from ctxkit.log.importers.common import (ImportedEpisode, Importer, ImportResult, SkippedEntry, SourceInfo,
                                          episode_label, load_tools)
 from ctxkit.log.importers.source_file import BadLine, load_source
@@ -28,6 +29,7 @@ IMPORTERS: dict[str, Importer] = {
     "openhands": openhands.IMPORTER,
     "tau2": tau2.IMPORTER,
     "sharegpt": sharegpt.IMPORTER,
+    "adp-std": adp_standardized.IMPORTER,
 }
 """Format name -> importer (an explicit dict; nothing registers itself)."""
 
