@@ -117,24 +117,26 @@ class StateError(CtxkitError):
 
 class ImportFormatError(CtxkitError, ValueError):
     """A trajectory file cannot be imported: unknown shape, or an episode or turn that breaks its format's
-    rules (e.g. a text tool call that does not parse). `path`, `episode` and `turn` say where, when known."""
+    rules (e.g. a text tool call that does not parse). `path`, `line` (1-based, in a JSONL file), `episode` and
+    `turn` say where, when known."""
 
-    def __init__(self, message: str, *, path: str | None = None, episode: str | None = None, turn: int | None = None):
-        where = "".join(part for part in (f"{path}: " if path is not None else "",
-                                           f"episode {episode}: " if episode is not None else "",
+    def __init__(self, message: str, *, path: str | None = None, episode: str | None = None, turn: int | None = None,
+                 line: int | None = None):
+        file = "" if path is None else f"{path}:{line}: " if line is not None else f"{path}: "
+        where = "".join(part for part in (file, f"episode {episode}: " if episode is not None else "",
                                            f"turn {turn}: " if turn is not None else ""))
         super().__init__(where + message)
-        self.path, self.episode, self.turn = path, episode, turn
+        self.path, self.episode, self.turn, self.line = path, episode, turn, line
 
     def __reduce__(self):
-        return _rebuild_import_error, (str(self), self.path, self.episode, self.turn)
+        return _rebuild_import_error, (str(self), self.path, self.episode, self.turn, self.line)
 
 
-def _rebuild_import_error(text: str, path, episode, turn) -> "ImportFormatError":
+def _rebuild_import_error(text: str, path, episode, turn, line=None) -> "ImportFormatError":
     """Unpickle an `ImportFormatError` without adding its location prefix twice."""
     exc = ImportFormatError.__new__(ImportFormatError)
     Exception.__init__(exc, text)
-    exc.path, exc.episode, exc.turn = path, episode, turn
+    exc.path, exc.episode, exc.turn, exc.line = path, episode, turn, line
     return exc
 
 

@@ -18,10 +18,17 @@ FILES = {
     "sweagent__pydicom-1458.traj": None,
     "adp__swe-gym_openhands_sampled_trajectories__sample_raw.json": None,
     "adp__swe-smith__sample_raw.json": None,
+    "minisweagent__deepseek-chat__pydicom-901.traj.json": None,
+    "openhands__multi_swe_bench_output.jsonl": None,
+    "tau2__telecom_gpt-4o_20sims.json": None,
+    "adp__toucan_1_5m__sample_raw.json": None,
+    "adp__codeactinstruct__sample_sft.json": None,
 }
 EPISODES = {"tau-bench__gpt-4o-airline.json": 200, "sweagent__marshmallow-1867__function_calling_replace_from_source.traj": 1,
             "sweagent__pydicom-1458.traj": 1, "adp__swe-gym_openhands_sampled_trajectories__sample_raw.json": 5,
-            "adp__swe-smith__sample_raw.json": 5}
+            "adp__swe-smith__sample_raw.json": 5, "minisweagent__deepseek-chat__pydicom-901.traj.json": 1,
+            "openhands__multi_swe_bench_output.jsonl": 3, "tau2__telecom_gpt-4o_20sims.json": 20,
+            "adp__toucan_1_5m__sample_raw.json": 1, "adp__codeactinstruct__sample_sft.json": 5}
 STEP = 256
 
 
@@ -39,14 +46,15 @@ def spread(name: str) -> list[int]:
 
 
 def window_budget(events) -> tuple[int, int]:
-    """(full length, the smallest budget >= 50 % of it, in 256-token steps, at which `window` fits every step)."""
+    """(full length, the smallest budget >= 50 % of it, in 256-token steps (a sixteenth of a shorter
+    episode's length, so a short one is still compacted), at which `window` fits every step)."""
     steps = [e for e in events if isinstance(e, Step)]
     full = max(s.context_length + len(s.token_ids) for s in steps)
-    budget = full // 2
+    budget, step = full // 2, min(STEP, max(16, full // 16))
     while True:
         try:
             compressed_samples(events, compressor="window", budget=budget)
             return full, budget
         except BudgetError:
-            budget += STEP
+            budget += step
             assert budget <= full, "window cannot fit an episode at its own full length"

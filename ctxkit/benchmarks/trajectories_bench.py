@@ -21,15 +21,10 @@ from ctxkit.log.importers import read_episodes
 from ctxkit.text.template.chat_template import load_template
 from ctxkit.text.tokenizer.loader import load_tokenizer
 
-NOT_YET_IMPORTED = (
-    "adp__codeactinstruct__sample_sft.json",
-    "adp__toucan_1_5m__sample_raw.json",
-    "minisweagent__deepseek-chat__pydicom-901.traj.json",
-    "openhands__multi_swe_bench_output.jsonl",
-    "tau2__telecom_gpt-4o_20sims.json",
-)
+NOT_YET_IMPORTED: tuple[str, ...] = ()
 """Files of `../shared/trajectories` in formats no importer reads yet (its SOURCES.md): skipped by name, and
-each skip is said (`skipped_files`, the progress lines and the table's closing note)."""
+each skip is said (`skipped_files`, the progress lines and the table's closing note). Empty: every shared
+file imports."""
 SPREAD_EVERY = 20
 """A file with more episodes than this is sampled every `SPREAD_EVERY`-th episode."""
 

@@ -156,14 +156,19 @@ def test_bench_build_trajectories_folder_one_table(qwen, tmp_path, capsys):
     assert text.splitlines()[0].split()[:4] == ["file", "episodes", "builds", "arm"]
 
 
-def test_trajectory_files_pair_tool_schemas_by_source_and_spread(tmp_path):
-    from ctxkit.benchmarks.trajectories_bench import NOT_YET_IMPORTED, skipped_files, spread, trajectory_files
+def test_trajectory_files_pair_tool_schemas_by_source_and_spread(tmp_path, monkeypatch):
+    from ctxkit.benchmarks import trajectories_bench
+    from ctxkit.benchmarks.trajectories_bench import skipped_files, spread, trajectory_files
 
-    for name in ("tau__airline_tools.json", "tau__gpt.json", "swe__x.traj", "notes.md", NOT_YET_IMPORTED[0]):
+    assert trajectories_bench.NOT_YET_IMPORTED == ()  # every shared file imports
+    for name in ("tau__airline_tools.json", "tau__gpt.json", "swe__x.traj", "oh__rows.jsonl", "notes.md", "new__x.json"):
         (tmp_path / name).write_text("[]")
     assert [(p.name, t and t.name) for p, t in trajectory_files(tmp_path)] == \
-        [("swe__x.traj", None), ("tau__gpt.json", "tau__airline_tools.json")]
-    assert skipped_files(tmp_path) == [NOT_YET_IMPORTED[0]]
+        [("new__x.json", None), ("oh__rows.jsonl", None), ("swe__x.traj", None), ("tau__gpt.json", "tau__airline_tools.json")]
+    assert skipped_files(tmp_path) == []
+    monkeypatch.setattr(trajectories_bench, "NOT_YET_IMPORTED", ("new__x.json",))  # a file no importer reads yet
+    assert [p.name for p, _ in trajectory_files(tmp_path)] == ["oh__rows.jsonl", "swe__x.traj", "tau__gpt.json"]
+    assert skipped_files(tmp_path) == ["new__x.json"]
     assert spread(200) == list(range(0, 200, 20)) and spread(5) == [0, 1, 2, 3, 4] and spread(20) == list(range(20))
 
 

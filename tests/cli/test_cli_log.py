@@ -38,9 +38,11 @@ def test_import_then_export_round_trips(tmp_path, capsys):
     src = _write(tmp_path / "conv.json", CONVERSATION)
     log = tmp_path / "ep.jsonl"
     assert main(["import", str(src), "-o", str(log), "--episode-id", "demo-1"]) == 0
-    assert f"wrote 9 events to {log} (episode demo-1)" in capsys.readouterr().out
+    assert f"wrote 10 events to {log} (episode demo-1)" in capsys.readouterr().out
     events = read_events(log)
-    assert [e.kind for e in events] == ["episode_start", "pin", "pin"] + ["message"] * 6
+    assert [e.kind for e in events] == ["episode_start", "pin", "pin"] + ["message"] * 6 + ["episode_end"]
+    assert (events[-1].outcome, events[-1].cause, events[-1].reward, events[-1].reward_kind) == \
+        ("truncated", "source_ended", None, "unscored")  # a chat file records no end: stated, not left to a default
     assert events[0].episode_id == "demo-1" and EventLog.open(log).header["episode_id"] == "demo-1"
 
     assert main(["export", str(log)]) == 0
@@ -49,7 +51,7 @@ def test_import_then_export_round_trips(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.count("\n") == 1 and json.loads(out) == CONVERSATION
     assert main(["log", "verify", str(log)]) == 0
-    assert capsys.readouterr().out == f"ok: {log}: 9 events, hash chain intact\n"
+    assert capsys.readouterr().out == f"ok: {log}: 10 events, hash chain intact\n"
 
 
 def test_import_bare_list_and_errors(tmp_path, capsys):

@@ -40,7 +40,8 @@ def messages_of(episode):
 
 
 def test_registry_is_explicit():
-    assert list(IMPORTERS) == ["openai", "swe-agent", "tau-bench", "adp"]
+    assert list(IMPORTERS) == ["openai", "swe-agent", "tau-bench", "adp", "mini-swe-agent", "openhands", "tau2", "sharegpt",
+                              "adp-std"]
     assert all(imp.name == name for name, imp in IMPORTERS.items())
 
 

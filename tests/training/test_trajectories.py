@@ -2,7 +2,8 @@
 -> replay -> samples, and compression-aware samples under every registered compressor.
 
 Recorded by other people's agents (tau-bench, SWE-agent, OpenHands and SWE-smith through Agent Data
-Protocol samples), so nothing here was shaped by ctxkit. Per episode:
+Protocol samples, mini-swe-agent, OpenHands event streams, tau2-bench, Toucan, CodeAct ShareGPT), so
+nothing here was shaped by ctxkit. Per episode:
 - it imports with `--format auto` and exports back to the same messages (a second import is identical);
 - its render equals `apply_chat_template(tokenize=True)` under `special_tokens="allow"` (transformers'
   own semantics) for Qwen2.5 and Qwen3 on every episode, and for SmolLM2 and Mistral v0.3 wherever their
@@ -15,7 +16,9 @@ Protocol samples), so nothing here was shaped by ctxkit. Per episode:
   every step (below that, the fixed prefix of system prompt and tool schemas plus the newest turn does not
   fit: tau-bench's prompt and tools alone take 3,878 Qwen2.5 tokens). Compressors that promise to fit
   (`fits_budget`) must build every step there; the one-thing `-v2` strategies may stop with a
-  `BudgetError`, and then `on_overflow="truncate"` gives the samples of the steps before it.
+  `BudgetError`, and then `on_overflow="truncate"` gives the samples of the steps before it;
+- on the same spread, the offline-step logs pass `ctxkit audit` (all five checks) and `ctxkit view` shows
+  every step with its context.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from shared_trajectories import EPISODES, FILES, NOT_YET_IMPORTED, episodes, spr
 from ctxkit.context.compress import COMPRESSORS, make_compressor
 from ctxkit.log.conversation import export_messages, import_conversation
 from ctxkit.errors import BudgetError, CtxkitError
-from ctxkit.events import EpisodeStart, Message, Step
+from ctxkit.events import EpisodeStart, Message, Step, ToolResult
 from ctxkit.log.event_log import MemoryLog
 from ctxkit.training.context_replay import verify_log
 from ctxkit.training.offline_steps import add_offline_steps
@@ -64,10 +67,13 @@ def test_every_episode_imports_and_exports_back(name):
     for ep in eps:
         messages = export_messages(ep.events)
         again = import_conversation({"messages": messages, "tools": tools_of(ep.events) or []})
-        before = [e for e in ep.events if isinstance(e, Message)]
-        after = [e for e in again if isinstance(e, Message)]
-        assert [(m.role, m.content, m.tool_calls, m.tool_call_id) for m in after] == \
-               [(m.role, m.content, m.tool_calls, m.tool_call_id) for m in before], ep.entry_id
+        assert [chat_key(m) for m in export_messages(again)] == [chat_key(m) for m in messages], ep.entry_id
+        assert len(messages) == sum(isinstance(e, (Message, ToolResult)) for e in ep.events)
+
+
+def chat_key(message: dict) -> tuple:
+    """What a template renders of a message (a `ToolResult` exports as a tool message)."""
+    return message["role"], message.get("content"), message.get("tool_calls"), message.get("tool_call_id")
 
 
 @pytest.mark.slow
@@ -123,12 +129,13 @@ def loss_ids(rows) -> list[int]:
 @pytest.mark.parametrize("name", FILES)
 def test_every_compressor_rebuilds_every_step(name):
     t = tok("qwen2.5-instruct")
+    windowed, longest = 0, 0
     for index in spread(name):
         ep = episodes(name)[index]
         events = add_offline_steps(ep.events, t)
         steps = [e for e in events if isinstance(e, Step)]
         full, budget = window_budget(events)
-        print(f"{name} {ep.entry_id}: full {full} tokens, budget {budget} ({budget / full:.0%})")
+        made: dict[str, int] = {}
         for compressor in COMPRESSORS:
             if compressor == "keep-all":
                 continue
@@ -141,7 +148,40 @@ def test_every_compressor_rebuilds_every_step(name):
                 assert all(r.outcome == "truncated" and r.cause == "context_budget" for r in rows), where
                 n = sum(len(r.step_seqs) for r in rows)
                 assert loss_ids(rows) == [x for s in steps[:n] for x in s.token_ids], where
+                made[compressor] = sum(len(r.compactions) for r in rows)
                 continue
             assert rows, where
             assert loss_ids(rows) == [x for s in steps for x in s.token_ids], where
             assert all(r.token_step.index(k) <= budget for r in rows for k in range(len(r.step_seqs))), where
+            made[compressor] = sum(len(r.compactions) for r in rows)
+        compacting = sorted(c for c, n in made.items() if n)
+        print(f"{name} {ep.entry_id}: full {full} tokens, budget {budget} ({budget / full:.0%}), "
+              f"{len(compacting)}/{len(made)} compressors compacted")
+        windowed += "window" in compacting
+        longest = max(longest, len(steps))
+    # the budget forces compaction in the file: window keeps the first two messages and the newest turn, so
+    # only two-step episodes (the Toucan sample) leave it nothing to drop (one CodeAct episode fits at the
+    # first 256-token step above the window's floor)
+    assert windowed or longest <= 2, f"{name}: window compacted no episode"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", FILES)
+def test_audit_and_view_pass(name, tmp_path):
+    from ctxkit.log.event_log import EventLog
+    from ctxkit.training.preflight import audit
+    from ctxkit.viewer.page import build_page
+
+    t = tok("qwen2.5-instruct")
+    for index in spread(name):
+        ep = episodes(name)[index]
+        with EventLog.create(tmp_path / f"{index}.jsonl", episode_id=ep.entry_id or None) as log:
+            log.extend(add_offline_steps(ep.events, t))
+    report = audit([tmp_path])
+    assert report.ok, [str(f) for c in report.checks for f in c.examples]
+    assert len(report.paths) == len(report.offline) == len(spread(name))
+    page = build_page([tmp_path], tokenizer=t)
+    assert page.failed == () and page.n_episodes == len(spread(name))
+    assert page.n_steps == sum(1 for i in spread(name) for e in episodes(name)[i].events
+                               if isinstance(e, Message) and e.role == "assistant")
+

@@ -60,16 +60,21 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def register_import(subparsers) -> None:
-    """Add `ctxkit import FILE [--format F] (-o LOG | --out-dir DIR) [--select S] [--tools T] [--tokenizer T]`."""
+    """Add `ctxkit import FILE [--format F] (-o LOG | --out-dir DIR) [--select S] [--tools T] [--strict] [--tokenizer T]`."""
     parser = subparsers.add_parser(
         "import", help="turn a conversation or recorded trajectories into episode logs",
         description="Turn a conversation or another agent's recorded trajectories into episode logs: OpenAI/HF "
-                    "chat, SWE-agent .traj, tau-bench results, Agent Data Protocol raw samples (mappings: "
+                    "chat, SWE-agent .traj, tau-bench results, Agent Data Protocol raw samples, mini-swe-agent "
+                    ".traj.json, OpenHands event streams, tau2-bench results, ShareGPT SFT files, ADP standardized files (mappings: "
                     "docs/IMPORTERS.md). One episode goes to -o LOG; a file of many to --out-dir DIR, one log "
-                    "per episode named by its entry id.")
-    parser.add_argument("file", metavar="FILE", help="the trajectory or conversation JSON file")
-    parser.add_argument("--format", default="auto", choices=("auto", "openai", "swe-agent", "tau-bench", "adp"),
+                    "per episode named by its entry id. A malformed episode is skipped and said on stderr "
+                    "(--strict refuses the file instead).")
+    parser.add_argument("file", metavar="FILE", help="the trajectory or conversation file (JSON, or JSONL read line by line)")
+    parser.add_argument("--format", default="auto", choices=("auto", "openai", "swe-agent", "tau-bench", "adp",
+                                                             "mini-swe-agent", "openhands", "tau2", "sharegpt", "adp-std"),
                         help="source format (default: auto, from the JSON shape)")
+    parser.add_argument("--strict", action="store_true",
+                        help="refuse the file at its first malformed episode instead of skipping it")
     out = parser.add_mutually_exclusive_group(required=True)
     out.add_argument("-o", "--output", metavar="LOG", help="the log to create for a one-episode selection (a new file "
                                                            "unless --force)")
@@ -90,7 +95,7 @@ def _import(args: argparse.Namespace) -> int:
     # lazy: per command: keeps `ctxkit --help` fast
     from ctxkit.cli.commands.outputs import check_output, refuse_existing, shown
     from ctxkit.errors import ConfigError  # lazy: per command: keeps `ctxkit --help` fast
-    from ctxkit.log.importers import read_episodes, read_tools  # lazy: per command: keeps `ctxkit --help` fast
+    from ctxkit.log.importers import import_file, read_tools  # lazy: per command: keeps `ctxkit --help` fast
 
     if args.episode_id is not None and (not args.episode_id.strip() or not args.episode_id.isprintable()):
         raise ConfigError(f"--episode-id {args.episode_id!r}: expected a non-empty, printable id")
@@ -105,7 +110,10 @@ def _import(args: argparse.Namespace) -> int:
         if out_dir.exists() and not out_dir.is_dir():
             raise ConfigError(f"--out-dir {out_dir}: is a file; expected a folder")
     tools = read_tools(args.tools) if args.tools is not None else None
-    episodes = read_episodes(args.file, args.format, select=args.select, tools=tools)
+    result = import_file(args.file, args.format, select=args.select, tools=tools, strict=args.strict)
+    for skipped in result.skipped:
+        print(f"ctxkit import: skipped episode #{skipped.index}: {skipped.reason}", file=sys.stderr)
+    episodes = list(result.episodes)
     if args.output is not None and len(episodes) != 1:
         raise ConfigError(f"-o: {args.file} holds {len(episodes)} episodes; use --out-dir DIR, or --select one")
     offline = _offline_steps(args.tokenizer, args.template)
@@ -113,7 +121,7 @@ def _import(args: argparse.Namespace) -> int:
         episode = episodes[0]
         episode_id = args.episode_id if args.episode_id is not None else (episode.entry_id or None)
         n, episode_id = _write_log(output, "-o", episode, episode_id, offline, args.force)
-        print(f"wrote {n} events to {shown(output)} (episode {episode_id})")
+        print(f"wrote {n} events to {shown(output)} (episode {episode_id})" + _skip_note(result.skipped))
         return 0
     targets = _out_paths(Path(args.out_dir), episodes)
     for path in targets:
@@ -123,8 +131,13 @@ def _import(args: argparse.Namespace) -> int:
     total = 0
     for episode, path in zip(episodes, targets):
         total += _write_log(path, "--out-dir", episode, episode.entry_id or None, offline, args.force)[0]
-    print(f"wrote {len(episodes)} logs ({total} events) to {shown(args.out_dir)}")
+    print(f"wrote {len(episodes)} logs ({total} events) to {shown(args.out_dir)}" + _skip_note(result.skipped))
     return 0
+
+
+def _skip_note(skipped) -> str:
+    """`; skipped N malformed episodes (see stderr)` when any were, else empty."""
+    return f"; skipped {len(skipped)} malformed episode{'s' if len(skipped) != 1 else ''} (see stderr)" if skipped else ""
 
 
 def _offline_steps(tokenizer_spec, template_spec):

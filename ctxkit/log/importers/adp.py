@@ -1,5 +1,5 @@
-"""Agent Data Protocol raw samples: a list of episodes `{messages, ...}` with `resolved`, in two variants
-told apart per episode.
+"""Agent Data Protocol raw samples: a list of episodes `{messages, ...}` with an `id`, `instance_id`,
+`traj_id` or `resolved`, in three variants told apart per episode.
 
 - function calling (OpenHands via SWE-Gym): OpenAI messages whose absent keys are padded with null
   (`function_call`, `name`, `tool_call_id`, `tool_calls`, a tool call's `index`); nulls are dropped, parallel
@@ -8,28 +8,41 @@ told apart per episode.
   results as the next user turn (`OBSERVATION:` prefix removed and kept in the tool message's `extra`
   as `source_prefix`). A turn whose text the canonical writer does not reproduce keeps it as
   `extra["source_text"]`, so `to_source_messages` gives the file's messages back exactly.
+- legacy function calling (Toucan): an assistant `function_call` and a `function` result become one tool
+  call (`call_<turn>`) and its tool message (`common.legacy_function_calls`).
 
 `resolved` becomes a `scored` `EpisodeEnd` with reward 1.0 or 0.0; no flag is `unscored`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+import dataclasses
 import json
+from typing import Any, Mapping, Sequence
 
 from ctxkit.errors import ImportFormatError
 from ctxkit.log.importers.common import (ImportedEpisode, Importer, SourceInfo, drop_nulls, ending, episode_events,
-                                     episode_label, require)
+                                         episode_label, legacy_function_calls, require)
 from ctxkit.log.importers.text_calls import CALL_OPEN, TextCallError, format_text_call, parse_text_call, split_observation
 
 _ID_KEYS = ("id", "instance_id", "traj_id")
 _SOURCE_KEYS = ("source_text", "source_prefix")
 
 
+def entry_problem(item: Any) -> str | None:
+    """What keeps `item` from being an ADP raw episode (`{messages, id|instance_id|traj_id|resolved, ...}`), or None."""
+    if not isinstance(item, Mapping):
+        return f"an ADP episode is an object, not {type(item).__name__}"
+    if not isinstance(item.get("messages"), list):
+        return "field 'messages' is missing or not a list"
+    if not any(k in item for k in (*_ID_KEYS, "resolved")):
+        return f"none of the fields {[*_ID_KEYS, 'resolved']}"
+    return None
+
+
 def matches(obj: Any) -> bool:
-    """A non-empty list whose first item has a `messages` list and an `instance_id`, `traj_id` or `resolved`."""
-    return isinstance(obj, list) and bool(obj) and isinstance(obj[0], Mapping) \
-        and isinstance(obj[0].get("messages"), list) and any(k in obj[0] for k in ("instance_id", "traj_id", "resolved"))
+    """A non-empty list whose first item has a `messages` list and an `id`, `instance_id`, `traj_id` or `resolved`."""
+    return isinstance(obj, list) and bool(obj) and entry_problem(obj[0]) is None
 
 
 def _text_calls(messages: Sequence[Mapping[str, Any]], source: SourceInfo) -> list[dict[str, Any]]:
@@ -46,7 +59,8 @@ def _text_calls(messages: Sequence[Mapping[str, Any]], source: SourceInfo) -> li
             try:
                 parsed = parse_text_call(content)
             except TextCallError as exc:
-                raise ImportFormatError(str(exc), path=source.path, episode=episode_label(source), turn=turn) from None
+                raise ImportFormatError(str(exc), path=source.path, episode=episode_label(source), turn=turn,
+                                        line=source.line) from None
             item: dict[str, Any] = {"role": "assistant", "content": parsed.thought, **extra}
             if parsed.name is not None:
                 pending = (f"call_{turn}", parsed.name)
@@ -96,37 +110,42 @@ def _entry_id(item: Mapping[str, Any], index: int) -> str:
     return next((str(item[k]) for k in _ID_KEYS if isinstance(item.get(k), (str, int)) and str(item[k])), "")
 
 
-def read(obj: Any, path: str, tools: Sequence[Any] | None = None) -> list[ImportedEpisode]:
-    """One `ImportedEpisode` per sample, in file order."""
-    require(isinstance(obj, list), "an ADP raw sample file is a list of episodes", path=path)
-    out, seen = [], set()
-    for index, item in enumerate(obj):
-        require(isinstance(item, Mapping) and isinstance(item.get("messages"), list),
-                f"entry #{index}: an ADP episode needs a 'messages' list", path=path)
-        entry = _entry_id(item, index)
-        source = SourceInfo(path=path, format="adp", entry_id=entry, index=index)
-        require(not entry or entry not in seen, f"entry id {entry!r} repeats", source)
-        seen.add(entry)
-        messages = [drop_nulls(m) if isinstance(m, Mapping) else m for m in item["messages"]]
-        calling = any(isinstance(m, Mapping) and m.get("tool_calls") for m in messages)
-        texty = not calling and any(isinstance(m, Mapping) and m.get("role") == "assistant"
-                                    and isinstance(m.get("content"), str) and CALL_OPEN in m["content"] for m in messages)
-        variant = "function-calling" if calling else "text-calls" if texty else "plain"
-        source = SourceInfo(path=path, format="adp", entry_id=entry, index=index, variant=variant)
-        if texty:
-            messages = _text_calls(messages, source)
-        own_tools = drop_nulls(item.get("tools")) if isinstance(item.get("tools"), list) else []
-        resolved = item.get("resolved")
-        require(resolved is None or isinstance(resolved, bool), f"resolved {resolved!r} is not true/false", source)
-        end = ending(reward=float(resolved), scores={"resolved": resolved}) if resolved is not None else ending()
-        metadata = {k: v for k, v in item.items() if k not in ("messages", "tools", "resolved")}
-        task = {"name": "adp", "instance_id": item.get("instance_id")}
-        out.append(episode_events(messages, source=source, tools=own_tools if tools is None else tools, task=task,
-                                  metadata=metadata, end=end))
-    return out
+def _variant(messages: Sequence[Any]) -> str:
+    dicts = [m for m in messages if isinstance(m, Mapping)]
+    if any(m.get("tool_calls") for m in dicts):
+        return "function-calling"
+    if any(m.get("function_call") is not None or m.get("role") == "function" for m in dicts):
+        return "legacy-function-call"
+    if any(m.get("role") == "assistant" and isinstance(m.get("content"), str) and CALL_OPEN in m["content"]
+           for m in dicts):
+        return "text-calls"
+    return "plain"
 
 
-IMPORTER = Importer(name="adp", description="Agent Data Protocol raw samples: a list of {messages, resolved, "
-                                            "instance_id|traj_id, ...} (function calling or <function=...> text calls)",
-                    matches=matches, read=read)
+def read_entry(item: Mapping[str, Any], source: SourceInfo, tools: Sequence[Any] | None = None,
+               document: Any = None) -> ImportedEpisode:
+    """One sample as an episode, its variant chosen by its messages."""
+    messages = [drop_nulls(m) if isinstance(m, Mapping) else m for m in item["messages"]]
+    variant = _variant(messages)
+    source = dataclasses.replace(source, variant=variant)
+    if variant == "text-calls":
+        messages = _text_calls(messages, source)
+    elif variant == "legacy-function-call":
+        messages = legacy_function_calls(messages, source)
+    own_tools = drop_nulls(item.get("tools")) if isinstance(item.get("tools"), list) else []
+    resolved = item.get("resolved")
+    require(resolved is None or isinstance(resolved, bool), f"field 'resolved': {resolved!r} is not true/false", source)
+    end = ending(reward=float(resolved), scores={"resolved": resolved}) if resolved is not None else ending()
+    metadata = {k: v for k, v in item.items() if k not in ("messages", "tools", "resolved")}
+    task = {"name": "adp", "instance_id": item.get("instance_id")}
+    return episode_events(messages, source=source, tools=own_tools if tools is None else tools, task=task,
+                          metadata=metadata, end=end)
+
+
+IMPORTER = Importer(name="adp", description="Agent Data Protocol raw samples: a list of {messages, id|instance_id|"
+                                            "traj_id|resolved, ...} (function calling, legacy function_call, or "
+                                            "<function=...> text calls)",
+                    matches=matches, entries=lambda doc: doc, entry_problem=entry_problem,
+                    entry_id=lambda item, index: _entry_id(item, index) if isinstance(item, Mapping) else "",
+                    read_entry=read_entry)
 """The `adp` entry of `IMPORTERS`."""

@@ -2,8 +2,9 @@
 path from OpenAI-shaped messages to ctxkit events.
 
 Every importer reduces its source episode to OpenAI-shaped message dicts, then calls `episode_events`,
-which runs them through `conversation.import_conversation` (the one content rule and pairing check) and
-sets the `EpisodeStart` provenance and the `EpisodeEnd` outcome.
+which runs them through `conversation.import_conversation` (the one content rule and pairing check), turns
+the tool messages the source marks as failed into `ToolResult(status="error")`, and sets the `EpisodeStart`
+provenance and the `EpisodeEnd` outcome.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ctxkit.log.conversation import import_conversation
 from ctxkit.errors import ImportFormatError, MessageFormatError
-from ctxkit.events import EpisodeEnd, Event
+from ctxkit.events import EpisodeEnd, Event, Message, ToolResult
 
 
 @dataclass(frozen=True)
@@ -32,11 +33,17 @@ class SourceInfo:
     """0-based position of the episode in the file."""
     variant: str = ""
     """The format's variant, e.g. `function-calling` or `text-calls` (empty when the format has one)."""
+    line: int | None = None
+    """1-based line of the episode in a JSONL file; None in a JSON file."""
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON-able record kept in `EpisodeStart.metadata["import"]`: `path` as UTF-8 text, the bytes of a
-        file name that is not UTF-8 (surrogate-escaped) written as `\\xNN`, so the log's header always writes."""
-        return {**dataclasses.asdict(self), "path": utf8_path(self.path)}
+        file name that is not UTF-8 (surrogate-escaped) written as `\\xNN`, so the log's header always writes;
+        `line` only for a JSONL file."""
+        out = {**dataclasses.asdict(self), "path": utf8_path(self.path)}
+        if self.line is None:
+            del out["line"]
+        return out
 
 
 def utf8_path(path: str) -> str:
@@ -61,16 +68,48 @@ class ImportedEpisode:
 
 @dataclass(frozen=True)
 class Importer:
-    """One source format: a shape test and a reader (entries of `IMPORTERS`)."""
+    """One source format (an entry of `IMPORTERS`): how to recognise a file, list its episodes, name and read each.
+
+    A file is read episode by episode, so one malformed episode can be skipped (or named, with `strict`)
+    without losing the rest, and `--select` picks episodes before any is read."""
 
     name: str
     """Format name, as given to `--format`."""
     description: str
     """One line: what the format is."""
     matches: Callable[[Any], bool]
-    """True when a parsed JSON document has this format's shape (used by `--format auto`)."""
-    read: Callable[..., list[ImportedEpisode]]
-    """`read(obj, path, tools=None) -> list[ImportedEpisode]`, one per episode, in file order."""
+    """True when a parsed document (a JSONL file: the list of its rows) has this format's shape (`--format auto`)."""
+    entries: Callable[[Any], Sequence[Any]]
+    """The document's episodes as raw source items, in file order (a one-episode file: `[document]`)."""
+    entry_problem: Callable[[Any], str | None]
+    """What is wrong with one raw item's shape (`"no 'messages' list"`), or None when it is this format's episode."""
+    entry_id: Callable[[Any, int], str]
+    """`entry_id(item, index)`: the episode's id in the source (`""` when it has none); cheap, never raises."""
+    read_entry: Callable[..., "ImportedEpisode"]
+    """`read_entry(item, source, tools, document) -> ImportedEpisode`: one episode (`tools`, from `--tools`,
+    replace the source's own when not None); a malformed episode raises `ImportFormatError`."""
+
+
+@dataclass(frozen=True)
+class SkippedEntry:
+    """A source episode left out of an import because it is malformed (reported, never silent)."""
+
+    index: int
+    """0-based position of the episode in the file."""
+    entry_id: str
+    """Its id in the source, or `""`."""
+    reason: str
+    """The `ImportFormatError` text: file (and line), episode, turn, and what is wrong."""
+
+
+@dataclass(frozen=True)
+class ImportResult:
+    """What a trajectory file gave: the episodes read, and the ones skipped with why."""
+
+    episodes: tuple[ImportedEpisode, ...]
+    """The episodes read, in file order."""
+    skipped: tuple[SkippedEntry, ...] = ()
+    """Malformed episodes left out (empty under `strict`, which raises instead)."""
 
 
 @dataclass(frozen=True)
@@ -108,11 +147,13 @@ def drop_nulls(obj: Any) -> Any:
 
 def episode_events(messages: Sequence[Mapping[str, Any]], *, source: SourceInfo, tools: Sequence[Any] = (),
                    task: Mapping[str, Any] | None = None, metadata: Mapping[str, Any] | None = None,
-                   end: Ending | None = None) -> ImportedEpisode:
+                   end: Ending | None = None, statuses: Mapping[int, str] | None = None) -> ImportedEpisode:
     """An `ImportedEpisode` from OpenAI-shaped `messages`: `EpisodeStart` (tools, task, provenance in
     `metadata["import"]`, source fields in `metadata["source"]`), one `Message` per message, and an
-    `EpisodeEnd` when `end` is given. A message the conversation rules refuse is an `ImportFormatError`
-    naming the file, the episode and the turn."""
+    `EpisodeEnd` when `end` is given. `statuses` maps the index of a tool message the source marks as failed
+    to `error` or `timeout`: that message becomes a `ToolResult` with that status (its other source keys,
+    which a `ToolResult` has no field for, go to `metadata["source"]["tool_result_extra"][str(index)]`).
+    A message the conversation rules refuse is an `ImportFormatError` naming the file, the episode and the turn."""
     try:
         events = import_conversation({"messages": list(messages), "tools": list(tools)}, episode_id=source.entry_id)
     except MessageFormatError as exc:
@@ -122,15 +163,34 @@ def episode_events(messages: Sequence[Mapping[str, Any]], *, source: SourceInfo,
             head, _, rest = text.partition("]")
             if head[9:].isdigit():
                 turn, text = int(head[9:]), rest.lstrip(": ")
-        raise ImportFormatError(text, path=source.path, episode=episode_label(source), turn=turn) from None
+        raise ImportFormatError(text, path=source.path, episode=episode_label(source), turn=turn, line=source.line) from None
     meta: dict[str, Any] = {"import": source.to_dict()}
     if metadata:
         meta["source"] = dict(metadata)
+    kept = _tool_results(events, statuses or {}, source)
+    if kept:
+        meta.setdefault("source", {})["tool_result_extra"] = kept
     events[0] = dataclasses.replace(events[0], task=dict(task or {}), metadata=meta)
     if end is not None:
         events.append(EpisodeEnd(outcome=end.outcome, cause=end.cause, reward=end.reward,  # type: ignore[arg-type]
                                  reward_kind=end.reward_kind, scores=dict(end.scores)))  # type: ignore[arg-type]
     return ImportedEpisode(entry_id=source.entry_id, events=tuple(events), source=source)
+
+
+def _tool_results(events: list[Event], statuses: Mapping[int, str], source: SourceInfo) -> dict[str, Any]:
+    """Replace the tool messages named in `statuses` (message index -> status) by `ToolResult`s in place;
+    their `extra` keys by message index (the `ToolResult` record has no field for them)."""
+    first = next(i for i, e in enumerate(events) if isinstance(e, Message)) if statuses else 0
+    kept: dict[str, Any] = {}
+    for index, status in sorted(statuses.items()):
+        msg = events[first + index]
+        require(isinstance(msg, Message) and msg.role == "tool", f"message {index} is marked {status!r} but is "
+                "not a tool message", source, turn=index)
+        events[first + index] = ToolResult(tool_call_id=msg.tool_call_id or "", name=msg.name, content=msg.content,
+                                           status=status)  # type: ignore[arg-type]
+        if msg.extra:
+            kept[str(index)] = dict(msg.extra)
+    return kept
 
 
 def episode_label(source: SourceInfo) -> str:
@@ -143,7 +203,8 @@ def require(condition: bool, message: str, source: SourceInfo | None = None, *, 
     """`ImportFormatError(message)` naming the file (and the episode and turn when known) unless `condition`."""
     if not condition:
         raise ImportFormatError(message, path=source.path if source else path,
-                                episode=episode_label(source) if source else None, turn=turn)
+                                episode=episode_label(source) if source else None, turn=turn,
+                                line=source.line if source else None)
 
 
 def load_tools(obj: Any, path: str) -> list[dict[str, Any]]:
@@ -161,3 +222,55 @@ def load_tools(obj: Any, path: str) -> list[dict[str, Any]]:
         require(ok, f"tools[{i}] is not a tool schema {{'type': 'function', 'function': {{'name', ...}}}}", path=path)
         out.append(dict(tool))
     return out
+
+
+def legacy_function_calls(messages: Sequence[Mapping[str, Any]], source: SourceInfo) -> list[dict[str, Any]]:
+    """Legacy OpenAI function calling in today's shape: an assistant `function_call` `{name, arguments}`
+    becomes one tool call with id `call_<turn>`; the next `function` message (role `function`, `name`)
+    becomes the tool message answering it (`name` kept). An assistant text turn directly followed by an
+    assistant call with empty content (one model response the source split in two) becomes one message, the
+    text as its content, `extra["source_split"]` holding the call turn's own content; two assistant
+    messages in a row are not a turn most templates can render token-exactly. A `function` message with no
+    call before it, a name that differs from the call's, or a call followed by another turn is an
+    `ImportFormatError`."""
+    out: list[dict[str, Any]] = []
+    pending: tuple[str, str] | None = None
+    for turn, msg in enumerate(messages):
+        split = _split_text(out, msg) if pending is None and isinstance(msg, Mapping) else None
+        if split is not None:
+            msg = {**out.pop(), **{k: v for k, v in msg.items() if k != "content"}, "source_split": split}
+        require(isinstance(msg, Mapping), "a message is not an object", source, turn=turn)
+        role, call = msg.get("role"), msg.get("function_call")
+        if role == "function":
+            require(pending is not None, "a 'function' result answers no function_call", source, turn=turn)
+            call_id, name = pending or ("", "")
+            require(msg.get("name") in (None, name), f"a 'function' result named {msg.get('name')!r} answers a "
+                                                     f"call of {name!r}", source, turn=turn)
+            out.append({**{k: v for k, v in msg.items() if k != "role"}, "role": "tool", "tool_call_id": call_id,
+                        "name": name})
+            pending = None
+            continue
+        require(pending is None, f"function_call {pending[1] if pending else ''!r} of the turn before has no "
+                                 "'function' result", source, turn=turn)
+        if role == "assistant" and call is not None:
+            require(isinstance(call, Mapping) and isinstance(call.get("name"), str),
+                    "field 'function_call' needs a string 'name'", source, turn=turn)
+            pending = (f"call_{turn}", call["name"])
+            item = {k: v for k, v in msg.items() if k != "function_call"}
+            item["tool_calls"] = [{"id": pending[0], "type": "function",
+                                   "function": {"name": call["name"], "arguments": call.get("arguments", "{}")}}]
+            out.append(item)
+        else:
+            out.append(dict(msg))
+    return out
+
+
+def _split_text(out: Sequence[Mapping[str, Any]], msg: Mapping[str, Any]) -> Any:
+    """The content of `msg` when it is a call-only assistant turn right after an assistant text turn with no
+    call (the two halves of one response), else None."""
+    prev = out[-1] if out else None
+    if prev is None or prev.get("role") != "assistant" or prev.get("tool_calls") or prev.get("function_call"):
+        return None
+    if msg.get("role") != "assistant" or msg.get("function_call") is None or msg.get("content") not in ("", None):
+        return None
+    return {"content": msg.get("content")}

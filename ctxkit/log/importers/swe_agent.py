@@ -14,6 +14,7 @@ cause; SWE-agent records no reward (`unscored`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -77,15 +78,20 @@ def _thought_action(history: Sequence[Mapping[str, Any]], source: SourceInfo) ->
     return out
 
 
-def read(obj: Any, path: str, tools: Sequence[Any] | None = None) -> list[ImportedEpisode]:
+def problem_id(obj: Any, index: int = 0) -> str:
+    """`replay_config.problem_statement.id`, or `""` (the entry id is then the file name's stem)."""
+    config = obj.get("replay_config") if isinstance(obj, Mapping) else None
+    problem = (config.get("problem_statement") or {}) if isinstance(config, Mapping) else {}
+    return problem["id"] if isinstance(problem, Mapping) and isinstance(problem.get("id"), str) else ""
+
+
+def read_entry(obj: Mapping[str, Any], source: SourceInfo, tools: Sequence[Any] | None = None,
+               document: Any = None) -> ImportedEpisode:
     """The file's one episode."""
-    require(matches(obj), "a SWE-agent .traj is an object with 'history' and 'trajectory' lists", path=path)
-    problem = ((obj.get("replay_config") or {}).get("problem_statement") or {}) if isinstance(obj.get("replay_config"), Mapping) else {}
-    entry = problem.get("id") if isinstance(problem.get("id"), str) else utf8_path(Path(path).stem)
+    entry = problem_id(obj) or utf8_path(Path(source.path).stem)
     history = obj["history"]
     calling = any(isinstance(m, Mapping) and (m.get("tool_calls") or m.get("tool_call_ids")) for m in history)
-    source = SourceInfo(path=path, format="swe-agent", entry_id=entry, index=0,
-                        variant="function-calling" if calling else "thought-action")
+    source = dataclasses.replace(source, entry_id=entry, variant="function-calling" if calling else "thought-action")
     messages = _function_calling(history, source) if calling else _thought_action(history, source)
     info = obj.get("info") if isinstance(obj.get("info"), Mapping) else {}
     status = info.get("exit_status")
@@ -93,10 +99,14 @@ def read(obj: Any, path: str, tools: Sequence[Any] | None = None) -> list[Import
     if tools is None:
         tools = [] if calling else [BASH_TOOL]
     metadata = {"environment": obj.get("environment"), "info": dict(info)}
-    return [episode_events(messages, source=source, tools=tools, task={"name": "swe-agent", "instance_id": entry},
-                           metadata=metadata, end=end)]
+    return episode_events(messages, source=source, tools=tools, task={"name": "swe-agent", "instance_id": entry},
+                          metadata=metadata, end=end)
 
 
 IMPORTER = Importer(name="swe-agent", description="SWE-agent .traj: {history, trajectory, info} (function calling "
-                                                  "or thought/action/observation)", matches=matches, read=read)
+                                                  "or thought/action/observation)",
+                    matches=matches, entries=lambda doc: [doc],
+                    entry_problem=lambda doc: None if matches(doc) else "a SWE-agent .traj is an object with "
+                                                                         "'history' and 'trajectory' lists",
+                    entry_id=problem_id, read_entry=read_entry)
 """The `swe-agent` entry of `IMPORTERS`."""

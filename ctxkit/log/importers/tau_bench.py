@@ -25,28 +25,32 @@ def entry_id(item: Mapping[str, Any], index: int) -> str:
     return f"task-{item['task_id']}" + (f"-trial-{trial}" if trial is not None else "")
 
 
-def read(obj: Any, path: str, tools: Sequence[Any] | None = None) -> list[ImportedEpisode]:
-    """One `ImportedEpisode` per result, in file order."""
-    require(isinstance(obj, list), "a tau-bench file is a list of results", path=path)
-    out, seen = [], set()
-    for index, item in enumerate(obj):
-        require(isinstance(item, Mapping) and all(k in item for k in _KEYS),
-                f"entry #{index}: a tau-bench result needs {list(_KEYS)}", path=path)
-        source = SourceInfo(path=path, format="tau-bench", entry_id=entry_id(item, index), index=index)
-        require(source.entry_id not in seen, f"entry id {source.entry_id!r} repeats", source)
-        seen.add(source.entry_id)
-        reward = item["reward"]
-        require(reward is None or (isinstance(reward, (int, float)) and not isinstance(reward, bool)),
-                f"reward {reward!r} is not a number", source)
-        info = item.get("info") if isinstance(item.get("info"), Mapping) else {}
-        task = {"name": f"tau-bench/{info.get('source') or 'task'}", "task_id": item["task_id"], "trial": item.get("trial")}
-        metadata = {k: v for k, v in item.items() if k not in ("traj", "reward")}
-        scores = {"reward_info": info["reward_info"]} if "reward_info" in info else {}
-        out.append(episode_events(item["traj"], source=source, tools=tools or (), task=task, metadata=metadata,
-                                  end=ending(reward=reward, scores=scores)))
-    return out
+def entry_problem(item: Any) -> str | None:
+    """What keeps `item` from being a tau-bench result, or None."""
+    if not isinstance(item, Mapping):
+        return f"a tau-bench result is an object, not {type(item).__name__}"
+    missing = [k for k in _KEYS if k not in item]
+    if missing:
+        return f"field(s) {missing} missing (a tau-bench result needs {list(_KEYS)})"
+    return None if isinstance(item["traj"], list) else "field 'traj' is not a list"
+
+
+def read_entry(item: Mapping[str, Any], source: SourceInfo, tools: Sequence[Any] | None = None,
+               document: Any = None) -> ImportedEpisode:
+    """One result as an episode (the reward a `scored` end)."""
+    reward = item["reward"]
+    require(reward is None or (isinstance(reward, (int, float)) and not isinstance(reward, bool)),
+            f"field 'reward': {reward!r} is not a number", source)
+    info = item.get("info") if isinstance(item.get("info"), Mapping) else {}
+    task = {"name": f"tau-bench/{info.get('source') or 'task'}", "task_id": item["task_id"], "trial": item.get("trial")}
+    metadata = {k: v for k, v in item.items() if k not in ("traj", "reward")}
+    scores = {"reward_info": info["reward_info"]} if "reward_info" in info else {}
+    return episode_events(item["traj"], source=source, tools=tools or (), task=task, metadata=metadata,
+                          end=ending(reward=reward, scores=scores))
 
 
 IMPORTER = Importer(name="tau-bench", description="tau-bench results: a list of {task_id, trial, reward, info, traj}",
-                    matches=matches, read=read)
+                    matches=matches, entries=lambda doc: doc, entry_problem=entry_problem,
+                    entry_id=lambda item, index: entry_id(item, index) if isinstance(item, Mapping) and "task_id" in item else "",
+                    read_entry=read_entry)
 """The `tau-bench` entry of `IMPORTERS`."""
