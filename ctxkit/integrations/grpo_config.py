@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -38,6 +37,7 @@ from typing import Any, Mapping
 from ctxkit.errors import ConfigError
 from ctxkit.experiment.config import resolve_tokenizer
 from ctxkit.integrations.grpo import GrpoSpec
+from ctxkit.integrations.sft_config import read_config_table
 
 __all__ = ["GrpoConfig", "GrpoRun", "load_grpo_config"]
 
@@ -131,12 +131,7 @@ def load_grpo_config(path: str | os.PathLike, *, quick: bool = False) -> GrpoCon
     Every problem is a `ConfigError` naming the file and the key; a held-out seed that is also a training seed
     is refused."""
     where = os.fspath(path)
-    try:
-        raw = tomllib.loads(Path(where).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise _err(where, f"cannot read the config: {exc}") from None
-    if bad := sorted(set(raw) - _TOP_KEYS):
-        raise _err(where, f"unknown key(s) {bad}; expected {sorted(_TOP_KEYS)}")
+    raw = read_config_table(where, _TOP_KEYS)
     base = Path(where).resolve().parent
     for key in ("task", "tokenizer"):
         if not isinstance(raw.get(key), str) or not raw[key]:

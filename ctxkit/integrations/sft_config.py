@@ -36,7 +36,7 @@ from typing import Any, Mapping
 from ctxkit.errors import ConfigError
 from ctxkit.experiment.config import ExperimentConfig, load_config
 
-__all__ = ["LoraSpec", "SftConfig", "TrainSpec", "load_sft_config"]
+__all__ = ["LoraSpec", "SftConfig", "TrainSpec", "load_sft_config", "read_config_table"]
 
 _TOP_KEYS = {"name", "collect", "eval_seeds", "model", "train", "quick"}
 _TRAIN_KEYS = {"max_steps", "learning_rate", "batch_size", "grad_accum", "max_length", "seed", "threads", "lora"}
@@ -146,17 +146,24 @@ def _train_spec(path: str, table: Mapping[str, Any], where: str) -> dict[str, An
     return out
 
 
+def read_config_table(path: str, keys: set[str]) -> dict[str, Any]:
+    """A training config's TOML table; a `ConfigError` naming `path` when it cannot be read or has a key outside
+    `keys`."""
+    try:
+        raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise _err(path, f"cannot read the config: {exc}") from None
+    if bad := sorted(set(raw) - keys):
+        raise _err(path, f"unknown key(s) {bad}; expected {sorted(keys)}")
+    return raw
+
+
 def load_sft_config(path: str | os.PathLike, *, quick: bool = False) -> SftConfig:
     """Parse and check a behaviour-cloning config (module docstring); `quick` applies its `[quick]` table.
     Every problem is a `ConfigError` naming the file and the key; held-out seeds that are also collection
     seeds are refused (training on the evaluation seeds would make the held-out figures meaningless)."""
     where = os.fspath(path)
-    try:
-        raw = tomllib.loads(Path(where).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise _err(where, f"cannot read the config: {exc}") from None
-    if bad := sorted(set(raw) - _TOP_KEYS):
-        raise _err(where, f"unknown key(s) {bad}; expected {sorted(_TOP_KEYS)}")
+    raw = read_config_table(where, _TOP_KEYS)
     base = Path(where).resolve().parent
     if not isinstance(raw.get("collect"), str):
         raise _err(where, "collect must name the expert ablation config (a .toml path)")
