@@ -174,6 +174,22 @@ def test_turn_from_tokens_finish_reasons_and_tool_calls(smol):
         turn_from_tokens(four, None, None, tokenizer=smol, max_tokens=8, sampling={}, logprob_kind="logits")
 
 
+@pytest.mark.parametrize("over, message", [
+    ({"max_tokens": 0}, "max_tokens=0: must be an integer >= 1"),
+    ({"logprob_kind": "recomputed"}, "logprob_kind='recomputed': expected one of ['processed', 'raw']"),
+])
+def test_server_manager_agent_checks_its_settings(smol, over, message):
+    from ctxkit.integrations.verl import ServerManagerAgent
+
+    loop = asyncio.new_event_loop()
+    try:
+        with pytest.raises(ConfigError) as info:
+            ServerManagerAgent(object(), loop, tokenizer=smol, sampling_params={}, **{"max_tokens": 8, **over})
+    finally:
+        loop.close()
+    assert str(info.value) == message
+
+
 def test_importing_the_glue_does_not_import_verl():
     code = ("import sys, ctxkit.integrations.verl as v; v.sample_fields; "
             "print(sorted(m for m in ('verl', 'ray', 'hydra', 'tensordict') if m in sys.modules))")
@@ -225,6 +241,20 @@ def _instantiate(entry, manager, cfg):
     return hydra.utils.instantiate(entry, trainer_config=DictConfigWrap(cfg), server_manager=manager, tokenizer=hf,
                                    processor=None, hf_model_type=None, dataset_cls=None,
                                    data_config=DictConfigWrap(cfg.data), tools=ToolListWrap([]))
+
+
+@needs_verl
+@pytest.mark.parametrize("over, message", [
+    ({"on_split": "first"}, "CtxkitAgentLoop: on_split='first': expected one of ['error', 'last']"),
+    ({"max_steps": 0}, "CtxkitAgentLoop: max_steps=0: must be an integer >= 1"),
+])
+def test_agent_loop_checks_its_config(tmp_path, over, message):
+    entry = {"_target_": "ctxkit.integrations.verl.CtxkitAgentLoop", "task": "needle-recall", "out_dir": str(tmp_path),
+             **over}
+    with pytest.raises(Exception) as info:  # hydra wraps what the constructor raises
+        _instantiate(entry, None, _verl_config())
+    cause = info.value if isinstance(info.value, ConfigError) else info.value.__cause__
+    assert isinstance(cause, ConfigError) and str(cause) == message
 
 
 class ScriptedServerManager:
