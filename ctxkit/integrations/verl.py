@@ -238,18 +238,22 @@ def __getattr__(name: str) -> Any:
 
 @functools.cache
 def _agent_loop_class() -> type:
-    from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput  # lazy: verl (torch, ray) only when the loop is used
+    """Define `CtxkitAgentLoop` on verl's `AgentLoopBase` (once per process)."""
+    # lazy: verl (and torch, ray) only when the loop class is looked up
+    from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput
 
     class CtxkitAgentLoop(AgentLoopBase):
         """A verl agent loop running one ctxkit tool episode per dataset row (module docstring).
 
         Keys of its agent loop config entry: `task` (a ctxkit task name), `out_dir` (where episode logs go),
         and optionally `task_params`, `ctxkit_tokenizer` (a ctxkit tokenizer spec; default verl's tokenizer's
-        `name_or_path`; its ids must be the served model's), `template`, `compressor`, `budget`, `params` (compressor params), `pins`, `max_steps`,
-        `max_new_tokens` (per turn), `logprob_kind` (what the server's log-probs are), `on_split`."""
+        `name_or_path`; its ids must be the served model's), `template`, `compressor`, `budget`, `params`
+        (compressor params), `pins`, `max_steps`, `max_new_tokens` (per turn), `logprob_kind` (what the
+        server's log-probs are), `on_split`."""
 
         def __init__(self, *args: Any, task: str, out_dir: str, task_params: Mapping[str, Any] | None = None,
-                     ctxkit_tokenizer: str | None = None, template: str | None = "chatml-tools-v1", compressor: str = "keep-all",
+                     ctxkit_tokenizer: str | None = None, template: str | None = "chatml-tools-v1",
+                     compressor: str = "keep-all",
                      budget: int = 4096, params: Mapping[str, Any] | None = None, pins: bool = False,
                      max_steps: int = 4, max_new_tokens: int = 256, logprob_kind: str = "processed",
                      on_split: str = "error", **kwargs: Any):
