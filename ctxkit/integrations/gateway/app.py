@@ -104,7 +104,12 @@ def make_app(gateway: Gateway, *, max_body_bytes: int = MAX_BODY_BYTES, max_conc
     routes = [Route("/v1/chat/completions", chat, methods=["POST"]), Route("/v1/models", models, methods=["GET"]),
               Route("/ctxkit/episodes/{episode_id}/end", end, methods=["POST"]),
               Route("/ctxkit/episodes", episodes, methods=["GET"])]
-    return Starlette(routes=routes, lifespan=lifespan)
+    async def no_route(request: Request, exc: Exception):
+        status = getattr(exc, "status_code", 404)
+        return JSONResponse(error_body(f"{request.method} {request.url.path}: {getattr(exc, 'detail', 'not found')}",
+                                       status=status), status_code=status)
+
+    return Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: no_route, 405: no_route})
 
 
 def _server(app: Any, host: str, port: int) -> Any:
