@@ -14,6 +14,7 @@ never a traceback). Every answer of a chat request carries the `X-Ctxkit-Episode
 from __future__ import annotations
 
 import contextlib
+import signal
 import threading
 import time
 from typing import Any, Iterator
@@ -120,8 +121,20 @@ def _server(app: Any, host: str, port: int) -> Any:
 
 
 def serve(app: Any, *, host: str = "127.0.0.1", port: int = 8100) -> None:
-    """Serve `app` until interrupted (Ctrl-C, SIGTERM); open episodes end `truncated`/`gateway_shutdown`."""
-    _server(app, host, port).run()
+    """Serve `app` until interrupted; open episodes end `truncated`/`gateway_shutdown`. Ctrl-C and SIGTERM stop
+    it alike: uvicorn shuts down gracefully, then re-raises the signal, which ends here as `KeyboardInterrupt`
+    (so the caller's cleanup, e.g. stopping the engine it started, runs)."""
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, interrupt) if main else None
+    try:
+        _server(app, host, port).run()
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
 
 
 @contextlib.contextmanager

@@ -130,7 +130,8 @@ class GatewayEpisode:
                 edits.append(SummaryEdit(present, edit.text, role=edit.role))
             else:
                 edits.append(edit)
-        details = {"fallback": diff.fallback, "messages_before": len(self.history), "kept_upto": diff.new_from}
+        # what the harness sent, against what it had been sent: enough to read the rewrite without the requests
+        details = {"fallback": diff.fallback, "history_messages": len(self.history), "request_new_from": diff.new_from}
         if skipped:
             details["not_in_view"] = skipped
         if edits:

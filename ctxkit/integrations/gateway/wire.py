@@ -4,8 +4,10 @@
 the field. Fields read: `messages` (required, non-empty), `tools`, `temperature`, `top_p`, `max_tokens` or
 `max_completion_tokens`, `seed`, `n` (must be 1), `stream`, `tool_choice` (`auto` or absent; `none` and a
 forced tool are refused rather than ignored), `metadata.ctxkit_episode` (the episode, when no
-`X-Ctxkit-Episode` header names it), `model` (echoed). Other OpenAI fields (`user`, `logprobs`, ...) are
-accepted and have no effect. `chat_response` is the `chat.completion` answer for a recorded `Step`,
+`X-Ctxkit-Episode` header names it), `model` (echoed). Fields that would change sampling in a way the gateway
+does not do (`UNSUPPORTED`: `stop`, `logit_bias`, penalties, `response_format`) are refused unless neutral,
+never silently ignored; other OpenAI fields (`user`, `logprobs`, ...) are accepted and change nothing (the
+answer's `logprobs` is null: the recorded step holds them). `chat_response` is the `chat.completion` answer for a recorded `Step`,
 `stream_events` the same answer as server-sent events (one content chunk, then the finish), and
 `error_body` OpenAI's error object `{"error": {"message", "type", "param", "code"}}`.
 """
@@ -25,6 +27,12 @@ __all__ = ["ChatRequest", "EPISODE_HEADER", "parse_chat_request", "check_episode
 
 EPISODE_HEADER = "X-Ctxkit-Episode"
 """Request header naming the episode (also set on every answer)."""
+
+UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "stop": (None, [], ""), "logit_bias": (None, {}), "frequency_penalty": (None, 0, 0.0),
+    "presence_penalty": (None, 0, 0.0), "response_format": (None, {"type": "text"}),
+}
+"""Request fields that would change sampling, refused (HTTP 400) unless absent or given their neutral value."""
 
 _EPISODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
@@ -103,6 +111,10 @@ def parse_chat_request(raw: bytes, *, header_episode: str | None = None) -> Chat
     if body.get("tool_choice", "auto") not in ("auto", None):
         raise GatewayError(f"tool_choice={body.get('tool_choice')!r} is not supported (the policy decides: 'auto')",
                            status=400, param="tool_choice")
+    for key, neutral in UNSUPPORTED.items():
+        if body.get(key) not in neutral:
+            raise GatewayError(f"{key}={body.get(key)!r} is not supported: the gateway records the sampling it does, "
+                               "and would not do this", status=400, param=key)
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise GatewayError(f"stream={stream!r} must be true or false", status=400, param="stream")

@@ -151,3 +151,13 @@ def test_concurrent_episodes_are_each_recorded_whole(engine, tmp_path):
         events = read_events(tmp_path / f"load-{k}.jsonl")
         assert sum(isinstance(e, Step) for e in events) == 5 and isinstance(events[-1], EpisodeEnd)
         assert verify_log(events).n_ok == 5 and len(samples(events)) == 1
+
+
+def test_a_streamed_answer_is_the_recorded_step(engine, client_for, tmp_path):
+    with served(gateway_config(tmp_path), engine) as (_, url):
+        chunks = list(client_for(url).chat.completions.create(
+            model="any", messages=[{"role": "user", "content": "Name a colour."}], temperature=0.0, max_tokens=6,
+            stream=True, extra_headers={"X-Ctxkit-Episode": "streamed"}))
+    (step,) = [e for e in read_events(tmp_path / "streamed.jsonl") if isinstance(e, Step)]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == step.content
+    assert [c.choices[0].finish_reason for c in chunks] == [None, step.finish_reason]

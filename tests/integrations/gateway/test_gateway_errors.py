@@ -43,6 +43,8 @@ def test_malformed_bodies_are_400_and_record_nothing(dead, tmp_path):
         "n=2: the gateway samples one choice per request", param="n"))
     assert post(chat, {"messages": ASK, "temperature": 3})[:2] == (400, _error(
         "temperature=3 must be a number in [0.0, 2.0]", param="temperature"))
+    assert post(chat, {"messages": ASK, "stop": ["\n"]})[:2] == (400, _error(
+        "stop=['\\n'] is not supported: the gateway records the sampling it does, and would not do this", param="stop"))
     assert post(chat, {"messages": [{"role": "robot", "content": "hi"}]})[:2] == (400, _error(
         "messages[0]: unknown role 'robot'; expected one of ['system', 'user', 'assistant', 'tool']", param="messages"))
     orphan = ASK + [{"role": "tool", "tool_call_id": "c9", "content": "x"}]
