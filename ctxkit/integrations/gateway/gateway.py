@@ -7,11 +7,14 @@ the context with ctxkit, asks the engine for the next turn through `OpenAIAgent`
 to answer with; a refused request appends nothing.
 
 Finding the episode: the `X-Ctxkit-Episode` header or `metadata.ctxkit_episode` names it (a new name starts
-a new episode). Without a name: a request holding no assistant message starts a new episode; otherwise
-the idle open episode whose whole recorded history is the longest prefix of the request continues, else
-(the harness rewrote its history) the idle episode that sampled the most of the request's assistant
-messages. Identical episodes run side by side without names can be told apart only by their order: name
-them when that matters.
+a new episode). Without a name, among the idle open episodes: the one whose whole recorded history is the
+longest prefix of the request continues; else (the harness rewrote its history) the one that sampled the
+most of the request's assistant messages, or, when none did, the one sharing the longest prefix with the
+request, if that prefix holds the task (the first message after the system ones) and the request adds
+something after it (mini-swe-agent drops a turn it rejects for its format, then adds its complaint); else
+a new episode starts (so does a request that repeats only the start of an episode: a new attempt). Ties go
+to the most recently active episode. Identical episodes run side by side without names can be told apart
+only by that order: name them when it matters.
 
 Bounds: at most `max_episodes` open episodes (HTTP 429 beyond); one request at a time per episode (409
 for a second); `reap_idle` ends episodes idle for `idle_timeout_s` as `truncated`/`idle_timeout`, and
@@ -39,6 +42,14 @@ from ctxkit.integrations.gateway.wire import ChatRequest, chat_response
 from ctxkit.text.tokenizer.loader import load_tokenizer
 
 __all__ = ["Gateway", "GatewayConfig", "EngineSpec"]
+
+
+def _shared(a: list[str], b: list[str]) -> int:
+    """How many leading messages two histories share, from their `chain` digests."""
+    n = 0
+    while n + 1 < len(a) and n + 1 < len(b) and a[n + 1] == b[n + 1]:
+        n += 1
+    return n
 
 
 @dataclass(frozen=True)
@@ -157,18 +168,26 @@ class Gateway:
             return episode
 
     def _find(self, request: ChatRequest) -> GatewayEpisode | None:
+        """The idle episode a request without a name continues (see the module docstring), or None."""
         messages = view_messages(request_events(request.messages))
-        if not any(m.role == "assistant" for m in messages):
-            return None
         fps = [fingerprint(m) for m in messages]
         digests = chain(fps)
         idle = [e for e in self._open.values() if not e.busy]
-        prefix = [e for e in idle if len(e.history) < len(digests) and digests[len(e.history)] == e.digest]
-        if prefix:
-            return max(prefix, key=lambda e: (len(e.history), -e.last_active))
-        sampled = set(fp for fp, m in zip(fps, messages) if m.role == "assistant")
-        rewrites = [e for e in idle if e.step_fingerprints & sampled]
-        return max(rewrites, key=lambda e: (len(e.step_fingerprints & sampled), -e.last_active)) if rewrites else None
+        extended = [e for e in idle if len(e.history) < len(digests) and digests[len(e.history)] == e.digest]
+        if extended:
+            return max(extended, key=lambda e: (len(e.history), e.last_active))
+        sampled = {fp for fp, m in zip(fps, messages) if m.role == "assistant"}
+        task_at = next((i for i, m in enumerate(messages) if m.role != "system"), len(messages))
+        best, best_key = None, None
+        for e in idle:
+            shared = _shared(digests, e.prefix_digests)
+            matched = len(e.step_fingerprints & sampled)
+            if not matched and not task_at < shared < len(fps):
+                continue  # neither its sampled turns nor its task with something new after it
+            key = (matched, shared, e.last_active)
+            if best_key is None or key > best_key:
+                best, best_key = e, key
+        return best
 
     def _release(self, episode: GatewayEpisode) -> None:
         with self._lock:

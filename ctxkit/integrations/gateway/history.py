@@ -13,6 +13,10 @@ messages. It is recorded as typed edits (`ctxkit.edits`) computed from a message
 | changed one message's content (same role, calls, call id) | `TruncateEdit` |
 | put one user/assistant/system message (no calls) for several | `SummaryEdit` |
 
+Messages after the last recorded one the request keeps are new (appended as events), and recorded ones
+after it that the request left out are dropped: a harness that discards its last turn (mini-swe-agent
+drops a reply it rejects for its format) and adds a complaint gives a `DropEdit` and a new message.
+
 Whatever these cannot say exactly (a message inserted between kept ones, several for several) falls back
 to dropping everything from the first difference on and appending the harness's messages from there.
 Every diff is checked: the edits applied to the recorded history must give the request's messages
@@ -137,9 +141,11 @@ def _aligned_edits(history, request, old, new) -> tuple[list[Edit] | None, int]:
     ops = difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes()
     # the request's tail after the last history message it keeps is new: appended, not an edit
     new_from = len(new)
-    if ops and ops[-1][0] == "insert" and ops[-1][1] == len(old):
-        new_from = ops[-1][3]
-        ops = ops[:-1]
+    if ops and ops[-1][0] in ("insert", "replace") and ops[-1][2] == len(old):
+        # messages after the last one kept are new, and any history after it was left out
+        _, i1, i2, j1, _ = ops[-1]
+        new_from = j1
+        ops = ops[:-1] + ([("delete", i1, i2, j1, j1)] if i1 < i2 else [])
     edits: list[Edit] = []
     for tag, i1, i2, j1, j2 in ops:
         if tag == "equal":

@@ -94,6 +94,13 @@ def test_a_message_inserted_between_kept_ones_falls_back_to_drop_and_append(hist
     assert diff.edits == (DropEdit(_ids(history, 2, 3, 4, 5)),)
 
 
+def test_a_discarded_last_turn_and_a_new_message_are_a_drop_and_an_append(history):
+    """mini-swe-agent drops a reply it rejects for its format and adds its complaint."""
+    wire = _wire(history)[:4] + [{"role": "user", "content": "Format error: one bash block, please."}]
+    diff = diff_history(history[:5], _request(wire))
+    assert (diff.edits, diff.new_from, diff.fallback) == ((DropEdit(_ids(history, 4)),), 4, False)
+
+
 def test_chain_names_every_prefix():
     digests = chain(["a", "b"])
     assert len(digests) == 3 and len(set(digests)) == 3 and chain(["a"]) == digests[:2]
