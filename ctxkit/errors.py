@@ -188,3 +188,20 @@ class LogForkedError(LogLockedError):
     worker started by `fork`): the parent still owns the handle (its locks and its buffered events), so in the
     child it writes nothing and refuses appends. Open the log again in the child. `path` names the log and
     `holder` the parent (`"pid 123"`)."""
+
+
+class GatewayError(CtxkitError):
+    """A request the recording gateway (`ctxkit serve`) refuses or could not serve. `status` is the HTTP status
+    it answers with, `param` the request field at fault (None when none), `code` an OpenAI-style error code."""
+
+    def __init__(self, message: str, *, status: int = 400, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.param, self.code = status, param, code
+
+    def __reduce__(self):
+        return _rebuild_gateway_error, (str(self), self.status, self.param, self.code)
+
+
+def _rebuild_gateway_error(text: str, status: int, param, code) -> "GatewayError":
+    """Unpickle a `GatewayError`."""
+    return GatewayError(text, status=status, param=param, code=code)

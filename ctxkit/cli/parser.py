@@ -38,6 +38,7 @@ COMMANDS: dict[str, str] = {
     "view": "ctxkit.cli.commands.view_cmd",
     "mismatch": "ctxkit.cli.commands.mismatch_cmd",
     "train": "ctxkit.cli.commands.train_cmd",
+    "serve": "ctxkit.cli.commands.serve_cmd",
 }
 """Subcommand name -> module providing `register_<name>(subparsers)`."""
 

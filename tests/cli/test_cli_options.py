@@ -44,7 +44,8 @@ def test_every_command_with_a_tokenizer_option_says_the_same_thing():
     templates = {h for opt, h in helps if opt == "--template" and "recorded" not in h}
     assert templates == {"chat template: name-vN or a .jinja path (default: the tokenizer's own)"}
     assert [cmd for cmd, opt, _ in found if opt == "--template"] == [
-        "render", "inspect", "template check", "import", "bench render", "build", "replay", "samples", "view"]
+        "render", "inspect", "template check", "import", "bench render", "build", "replay", "samples", "view",
+        "serve"]
     assert [cmd for cmd, opt, _ in found if opt == "--tokenizer"] == [
         "render", "inspect", "template check", "import", "bench render", "bench build", "build", "replay", "samples",
-        "view"]
+        "view", "serve"]

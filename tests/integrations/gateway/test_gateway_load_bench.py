@@ -1,0 +1,22 @@
+"""The load benchmark's figures: exact percentiles of known latencies (the benchmark itself is run by hand,
+`python -m ctxkit.integrations.gateway.load_bench`, never timed in a test)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ctxkit.integrations.gateway.load_bench import main, percentiles
+
+
+def test_percentiles_of_known_values():
+    assert percentiles([0.001 * i for i in range(1, 101)]) == {"n": 100, "p50": 0.0505, "p90": 0.0901, "p99": 0.099,
+                                                              "max": 0.1}
+    assert percentiles([2.0]) == {"n": 1, "p50": 2.0, "p90": 2.0, "p99": 2.0, "max": 2.0}
+
+
+def test_the_command_line_needs_a_tokenizer_without_the_shared_folder(monkeypatch, capsys):
+    monkeypatch.delenv("CTXKIT_SHARED", raising=False)
+    with pytest.raises(SystemExit) as exc:
+        main(["--clients", "1"])
+    assert exc.value.code == 2
+    assert "the following arguments are required: --tokenizer" in capsys.readouterr().err
