@@ -38,8 +38,6 @@ _TRL_HEADER = "TRL marks the generation prompt's tokens, which the policy never 
 _TRL_NEWLINE = "TRL marks the newline after the end-of-turn token, which the policy never samples"
 _TRL_THINK = "the training variant prefills <think> in the prompt but marks it inside the turn"
 MASK_DIFFS: dict[str, tuple[frozenset, str]] = {
-    "cohere2": (frozenset({("<|END_OF_TURN_TOKEN|>", "trl")}), "ctxkit's turn ends at <|END_RESPONSE|> (the end of turn its profile finds); TRL also marks the "
-                "<|END_OF_TURN_TOKEN|> after it"),
     "deepseek_r1_distill": (frozenset({("<｜Assistant｜>", "trl"), ("<｜tool▁outputs▁end｜>", "trl")}), _TRL_HEADER),
     "deepseekv3": (frozenset({("<｜Assistant｜>", "trl"), ("<｜tool▁outputs▁end｜>", "trl")}), _TRL_HEADER),
     "diffusion_gemma": (frozenset({("\n", "trl")}), _TRL_NEWLINE),
@@ -164,3 +162,20 @@ def test_dated_templates_record_the_date(harness):
     ctx = render(msgs, tok, dated, add_generation_prompt=True)
     assert list(ctx.token_ids) == list(hf.apply_chat_template(msgs, tokenize=True, add_generation_prompt=True,
                                                               return_dict=False))
+
+
+def test_command_r7b_mask_holds_both_closing_tokens(harness):
+    """Command R7B (cohere2) ends a reply with <|END_RESPONSE|><|END_OF_TURN_TOKEN|>, both sampled: both masked."""
+    from ctxkit.text.rendering.renderer import render
+
+    tok, _, _ = harness.load("cohere2")
+    msgs, _t = family_conversations(family_spec("cohere2"))["chat"]
+    ctx = render(msgs, tok)
+    runs, cur = [], []
+    for t, m in zip(ctx.token_ids, ctx.loss_mask):
+        if m:
+            cur.append(t)
+        elif cur:
+            runs, cur = runs + [tok.decode(cur)], []
+    runs += [tok.decode(cur)] if cur else []
+    assert runs == ["It is 4.<|END_RESPONSE|><|END_OF_TURN_TOKEN|>", "9 🎉<|END_RESPONSE|><|END_OF_TURN_TOKEN|>"]

@@ -112,6 +112,19 @@ def _cut_after_closer(turn: str, closers: tuple[str, ...]) -> str:
     return turn[: max(ends)] if ends else turn
 
 
+def _past_closers(text: str, e: int, closers: tuple[str, ...]) -> int:
+    """`e` moved past the turn closers written right after it (Command R7B ends a reply with
+    `<|END_RESPONSE|><|END_OF_TURN_TOKEN|>`, both sampled)."""
+    moved = True
+    while moved:
+        moved = False
+        for c in closers:
+            if text.startswith(c, e):
+                e += len(c)
+                moved = True
+    return e
+
+
 def _first_closer(text: str, closers: tuple[str, ...], start: int) -> tuple[int, int]:
     """`(position, end)` of the first turn closer in `text` from `start`, `(-1, -1)` when there is none."""
     best = (-1, -1)
@@ -219,7 +232,7 @@ def locate_from(st: RenderState, profile: Any, render: Render, template_id: str,
                 e = text.find(eot, s)
                 if e < 0 or (opener and text.find(opener, s, e) >= 0):
                     raise _Fallback  # no end-of-turn before the next turn opens
-                e += len(eot)
+                e = _past_closers(text, e + len(eot), profile.turn_closers)
                 out.append(TextRegion(pos, s, "generation_prompt", i, "header"))
             else:
                 found = turn_text(st, profile, render, template_id, i)
@@ -293,7 +306,7 @@ def _find_turn(text: str, found: tuple[str, str] | None, heads: list[str], close
                 f"message {i}: no end-of-turn {' or '.join(map(repr, closers))} closes the assistant turn rendered "
                 f"by template {template_id}; cannot locate it for the loss mask"
             )
-        return s, end, head
+        return s, _past_closers(text, end, closers), head
     if found is None:
         raise RenderError(f"message {i}: cannot derive the assistant turn's text from prefix renders of template "
                           f"{template_id}")
