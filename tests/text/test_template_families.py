@@ -34,6 +34,12 @@ KNOWN_FAILURES: dict[tuple[str, str], str] = {
 }
 """(family, conversation) -> why ctxkit still refuses it (a typed `RenderError`, never a silent mask)."""
 
+KNOWN_MASK_FAILURES: dict[tuple[str, str], str] = {
+    ("deepseekv3", "tool-chain"): "DeepSeek V3's training variant continues the assistant turn after tool outputs "
+                                  "with no <｜Assistant｜> header: ctxkit refuses to locate it",
+}
+"""(family, conversation) -> why ctxkit refuses the `_training` variant's render (pinned: a fix flips the test)."""
+
 _TRL_HEADER = "TRL marks the generation prompt's tokens, which the policy never samples"
 _TRL_NEWLINE = "TRL marks the newline after the end-of-turn token, which the policy never samples"
 _TRL_THINK = "the training variant prefills <think> in the prompt but marks it inside the turn"
@@ -120,6 +126,9 @@ def test_masks_equal_training_variant_or_pinned(harness, family):
             m = check_mask(harness, family, conversation, agp)
             if (family, conversation) in KNOWN_FAILURES:
                 assert m.outcome in ("ctxkit refuses", "equal", "masks differ"), m
+                continue
+            if (family, conversation) in KNOWN_MASK_FAILURES:
+                assert m.outcome == "ctxkit refuses" and m.error.startswith("RenderError: "), m
                 continue
             assert m.outcome in ("equal", "masks differ", "both refuse"), (conversation, agp, m)
             seen.update(m.diffs)
