@@ -237,7 +237,8 @@ def locate_from(st: RenderState, profile: Any, render: Render, template_id: str,
             else:
                 found = turn_text(st, profile, render, template_id, i)
                 heads = _heads(found[0] if found is not None else gp, profile.markers)
-                s, e, head = _find_turn(text, found, heads, profile.turn_closers, opener, cursor, i, template_id)
+                s, e, head = _find_turn(text, found, heads, profile.turn_closers or (), opener, cursor, i,
+                                        template_id, () if profile.turn_closers else profile.turn_starts)
                 if head and text[max(0, s - len(head)) : s] == head:
                     out.append(TextRegion(s - len(head), s, "generation_prompt", i, "header"))
             out.append(TextRegion(s, e, "assistant", i, "produced"))
@@ -280,12 +281,13 @@ def _heads(head: str, markers: tuple[str, ...]) -> list[str]:
 
 
 def _find_turn(text: str, found: tuple[str, str] | None, heads: list[str], closers: tuple[str, ...], opener: str,
-               cursor: int, i: int, template_id: str) -> tuple[int, int, str]:
+               cursor: int, i: int, template_id: str, starts: tuple[str, ...] = ()) -> tuple[int, int, str]:
     """`(s, e, head)`: the char range of assistant message `i`'s produced text in `text`, from `cursor`, and the
     head written before it. Its text from prefix renders (`found`, see `turn_text`) behind `heads[0]` where
     the render holds it; else what the render writes between the next head and the first turn closer after
     it (the template re-renders the turn, e.g. drops its reasoning and the prompt's prefilled `<think>`, or
-    rewrites it once more messages follow), the head being the longest of `heads` written there."""
+    rewrites it once more messages follow), the head being the longest of `heads` written there. A template
+    with no closers (GLM-4) ends the turn where the next message starts (`starts`) or at the end of the text."""
     head = heads[0] if heads else ""
     if found is not None:
         turn = found[1]
@@ -296,7 +298,16 @@ def _find_turn(text: str, found: tuple[str, str] | None, heads: list[str], close
             s = text.find(turn, cursor)
         if s >= 0:
             return s, s + len(turn), head
-    at = text.find(heads[-1], cursor) if heads and closers else -1
+    at = text.find(heads[-1], cursor) if heads and (closers or starts) else -1
+    if at >= 0 and not closers:
+        head = next(h for h in heads if text.startswith(h, at))
+        s = at + len(head)
+        e = _first_closer(text, starts, s)[0]
+        e = len(text) if e < 0 else e
+        if e <= s:
+            raise RenderError(f"message {i}: the assistant turn rendered by template {template_id} is empty; "
+                              "cannot locate it for the loss mask")
+        return s, e, head
     if at >= 0:
         head = next(h for h in heads if text.startswith(h, at))  # the longest head written there
         s = at + len(head)

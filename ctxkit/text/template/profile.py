@@ -43,6 +43,10 @@ class TemplateProfile:
     """Special tokens that close a turn in the probe render (each one right before a turn opener or at the
     end), `end_of_turn` first: gpt-oss closes an assistant turn with `<|return|>` only when it is the last
     one, with `<|end|>` in history and `<|call|>` after a tool call."""
+    turn_starts: tuple[str, ...]
+    """The first special token a message of each role starts with in the probe (GLM-4: `<|user|>`,
+    `<|assistant|>`, `<|observation|>`): where an assistant turn ends when the template closes it with no
+    token of its own (no `end_of_turn`)."""
     turn_opener: str | None
     """First special token of the generation prompt (opens a turn), None if it has none."""
     prefix_preserving: bool
@@ -159,7 +163,7 @@ def _build_profile(tok, tpl: ChatTemplate) -> TemplateProfile:
     return TemplateProfile(
         tokenizer_id=getattr(tok, "id", str(tok)), template_id=tpl.id,
         end_of_turn_id=tok.special_tokens.get(eot) if eot else None, markers=markers, turn_opener=opener,
-        turn_closers=closers,
+        turn_closers=closers, turn_starts=facts.pop("starts", ()),
         generation_markers=tpl.has_generation_markers, locality=_locality(tpl), **facts,
     )
 
@@ -188,6 +192,7 @@ def _probe_facts(tokenizer, template: ChatTemplate) -> dict[str, Any]:
         full = render(msgs, tools)
 
     failed: list[str] = []
+    starts: dict[str, None] = {}
     decision_ok = True
     message_ok = True
     for n in range(1, len(msgs)):
@@ -202,6 +207,10 @@ def _probe_facts(tokenizer, template: ChatTemplate) -> dict[str, Any]:
         if not longer.startswith(plain):
             message_ok = False
             failed.append(transition)
+        else:
+            first = next((p for p, special in tokenizer.split_special(longer[len(plain) :]) if special), None)
+            if first is not None:
+                starts.setdefault(first)
         if nxt == "assistant":
             ctx = render(msgs[:n], tools, agp=True)
             if not all(render(msgs[:m], tools).startswith(ctx) for m in range(n + 1, len(msgs) + 1)):
@@ -257,7 +266,7 @@ def _probe_facts(tokenizer, template: ChatTemplate) -> dict[str, Any]:
         except Exception:  # pragma: no cover - backend quirks
             adds_bos = False
     return dict(
-        closers=_closers(tokenizer, full, generation_prompt),
+        closers=_closers(tokenizer, full, generation_prompt), starts=tuple(starts),
         generation_prompt=generation_prompt, end_of_turn=end_of_turn, prefix_preserving=decision_ok,
         message_prefix_preserving=message_ok, failed_transitions=tuple(failed), supports_tools=supports_tools,
         supports_reasoning=supports_reasoning, bos_token=bos if starts_with_bos else None,
