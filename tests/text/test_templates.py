@@ -103,6 +103,31 @@ def test_clock_is_pinned(tmp_path):
     assert tpl.options["strftime_now"] == RENDER_CLOCK.isoformat()
 
 
+def test_clock_is_an_explicit_recorded_input(tmp_path):
+    """`load_template(..., clock=)` sets the date `strftime_now` reports (Llama 3.2 and gpt-oss print it); the
+    clock is in the options and the id, and the default clock keeps the id a template always had."""
+    from datetime import datetime
+
+    from ctxkit.text.template.chat_template import with_clock
+
+    p = tmp_path / "date.jinja"
+    p.write_text("{{ strftime_now('%d %b %Y') }}|{{ messages | length }}")
+    default = load_template(str(p), qwen())
+    day = datetime(2024, 7, 26, 9, 30)
+    dated = load_template(str(p), qwen(), clock=day)
+    assert dated.render_text([]) == "26 Jul 2024|0"
+    assert default.render_text([]) == "01 Jan 2026|0"  # the shared environment's clock is untouched
+    assert dated.options["strftime_now"] == "2024-07-26T09:30:00" and dated.clock == day
+    assert dated.id != default.id and dated.name == default.name
+    assert load_template(str(p), qwen(), clock=day).id == dated.id  # the same clock, the same id
+    assert with_clock(dated, RENDER_CLOCK) == default
+    assert load_template(dated, qwen(), clock=datetime(2025, 3, 1)).render_text([]) == "01 Mar 2025|0"
+    tok_tpl = load_template(None, qwen())
+    assert load_template(None, qwen(), clock=RENDER_CLOCK).id == tok_tpl.id
+    with pytest.raises(TemplateError, match="clock must be a datetime"):
+        load_template(str(p), qwen(), clock="2024-07-26")
+
+
 def test_tojson_keeps_non_ascii(tmp_path):
     p = tmp_path / "j.jinja"
     p.write_text("{{ messages[0] | tojson }}")

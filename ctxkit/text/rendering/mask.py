@@ -48,30 +48,91 @@ class _Fallback(Exception):
 
 # -- locating -------------------------------------------------------------------------------------
 
-def turn_text(st: RenderState, profile: Any, render: Render, template_id: str, i: int) -> str:
-    """Assistant turn i's produced text, from prefix renders (cached in `st.turn_text`)."""
-    text = st.turn_text.get(i)
-    if text is not None:
-        return text
-    eot = profile.end_of_turn
+def turn_text(st: RenderState, profile: Any, render: Render, template_id: str, i: int) -> tuple[str, str] | None:
+    """`(head, turn)` of assistant message i from prefix renders (cached in `st.turn_text`): `turn` is its
+    produced text as rendered when it is the last message, cut after the last turn closer
+    (`TemplateProfile.turn_closers`), and `head` the part of the generation prompt written before it. The
+    head is the whole prompt unless the prompt prefills text the turn as rendered lacks (DeepSeek R1's
+    `<think>\\n`): then it is their common prefix. None when no prefix render shows the turn (the template
+    rewrites earlier messages once this one follows them, e.g. Qwen3 after two assistant turns in a row)."""
+    if i in st.turn_text:
+        return st.turn_text[i]
     chat = st.chat
     contexts = [chat[:i]]
     if i > 1 and chat[0].get("role") == "system":
         contexts.append(chat[1:i])
+    found = None
     for ctx in contexts:
         try:
-            before = render(ctx, True)
+            prompted = render(ctx, True)
             after = render(ctx + [chat[i]], False)
+            if after.startswith(prompted):
+                head, rest = profile.generation_prompt, after[len(prompted) :]
+            else:
+                plain = render(ctx, False)
+                if not (prompted.startswith(plain) and after.startswith(plain)):
+                    continue
+                gp, suffix = prompted[len(plain) :], after[len(plain) :]
+                n = _token_boundary(gp, common_prefix(gp, suffix), profile.markers)
+                head, rest = gp[:n], suffix[n:]
         except TemplateError:
             continue
-        if after.startswith(before):
-            turn = after[len(before) :]
-            if eot and eot in turn:
-                turn = turn[: turn.index(eot) + len(eot)]
-            if turn:
-                st.turn_text[i] = turn
-                return turn
-    raise RenderError(f"message {i}: cannot derive the assistant turn's text from prefix renders of template {template_id}")
+        turn = _cut_after_closer(rest, profile.turn_closers)
+        if turn:
+            found = (head, turn)
+            break
+    st.turn_text[i] = found
+    return found
+
+
+def common_prefix(a: str, b: str) -> int:
+    """Length of the longest common prefix of `a` and `b`."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _token_boundary(gp: str, n: int, markers: tuple[str, ...]) -> int:
+    """`n`, moved back to the start of a special token of `gp` (`markers`) that it would cut in two."""
+    for m in markers:
+        at = gp.find(m)
+        while at >= 0:
+            if at < n < at + len(m):
+                n = at
+            at = gp.find(m, at + 1)
+    return n
+
+
+def _cut_after_closer(turn: str, closers: tuple[str, ...]) -> str:
+    """`turn` up to and including its last turn closer (the whole text when it holds none)."""
+    ends = [turn.rfind(c) + len(c) for c in closers if c in turn]
+    return turn[: max(ends)] if ends else turn
+
+
+def _past_closers(text: str, e: int, closers: tuple[str, ...]) -> int:
+    """`e` moved past the turn closers written right after it (Command R7B ends a reply with
+    `<|END_RESPONSE|><|END_OF_TURN_TOKEN|>`, both sampled)."""
+    moved = True
+    while moved:
+        moved = False
+        for c in closers:
+            if text.startswith(c, e):
+                e += len(c)
+                moved = True
+    return e
+
+
+def _first_closer(text: str, closers: tuple[str, ...], start: int) -> tuple[int, int]:
+    """`(position, end)` of the first turn closer in `text` from `start`, `(-1, -1)` when there is none."""
+    best = (-1, -1)
+    for c in closers:
+        pos = text.find(c, start)
+        if pos >= 0 and (best[0] < 0 or pos < best[0]):
+            best = (pos, pos + len(c))
+    return best
 
 
 def locate(st: RenderState, profile: Any, render: Render, template_id: str, text: str, agp: bool, stable: int) -> int:
@@ -171,13 +232,15 @@ def locate_from(st: RenderState, profile: Any, render: Render, template_id: str,
                 e = text.find(eot, s)
                 if e < 0 or (opener and text.find(opener, s, e) >= 0):
                     raise _Fallback  # no end-of-turn before the next turn opens
-                e += len(eot)
+                e = _past_closers(text, e + len(eot), profile.turn_closers)
                 out.append(TextRegion(pos, s, "generation_prompt", i, "header"))
             else:
-                turn = turn_text(st, profile, render, template_id, i)
-                s, e = _find_turn(text, turn, gp, eot, opener, cursor, i, template_id)
-                if gp and text[max(0, s - len(gp)) : s] == gp:
-                    out.append(TextRegion(s - len(gp), s, "generation_prompt", i, "header"))
+                found = turn_text(st, profile, render, template_id, i)
+                heads = _heads(found[0] if found is not None else gp, profile.markers)
+                s, e, head = _find_turn(text, found, heads, profile.turn_closers or (), opener, cursor, i,
+                                        template_id, () if profile.turn_closers else profile.turn_starts)
+                if head and text[max(0, s - len(head)) : s] == head:
+                    out.append(TextRegion(s - len(head), s, "generation_prompt", i, "header"))
             out.append(TextRegion(s, e, "assistant", i, "produced"))
             cursor = e
         else:
@@ -186,6 +249,8 @@ def locate_from(st: RenderState, profile: Any, render: Render, template_id: str,
                 continue
             pos = text.find(body) if i == 0 and role == "system" else text.find(body, cursor)
             if pos < 0:
+                if role == "tool":
+                    _inside_turn(text, body, out, i, template_id)
                 st.unresolved.append(i)
                 continue
             out.append(TextRegion(pos, pos + len(body), role, i, "content"))
@@ -194,27 +259,68 @@ def locate_from(st: RenderState, profile: Any, render: Render, template_id: str,
     return cursor
 
 
-def _find_turn(text: str, turn: str, gp: str, eot: str, opener: str, cursor: int, i: int,
-               template_id: str) -> tuple[int, int]:
-    """The char range `(s, e)` of assistant message `i`'s produced text `turn` in `text`, from `cursor`."""
-    # Prefer the turn behind its generation prompt: the bare turn text (e.g. just the
-    # end-of-turn token of an empty reply) may also close the previous message.
-    s = text.find(gp + turn, cursor) + len(gp) if gp else -1
-    if s < len(gp) or not gp:
-        s = text.find(turn, cursor)
-    if s >= 0:
-        return s, s + len(turn)
-    if gp and eot and text.find(gp, cursor) >= 0:
-        # The template re-renders this turn (e.g. drops its reasoning): take what it
-        # renders between the next generation prompt and end-of-turn token.
-        s = text.find(gp, cursor) + len(gp)
-        e = text.find(eot, s)
+def _inside_turn(text: str, body: str, out: list[TextRegion], i: int, template_id: str) -> None:
+    """`RenderError` when tool result `i`, found nowhere after the assistant turn before it, lies inside that
+    turn's produced text (Gemma 4 writes tool responses inside the model turn): its tokens would be
+    marked as sampled."""
+    last = next((r for r in reversed(out) if r.kind == "produced"), None)
+    if last is not None and 0 <= (at := text.find(body, last.start, last.end)) and at + len(body) <= last.end:
+        raise RenderError(f"message {i} (tool): template {template_id} renders the tool result inside assistant "
+                          f"turn {last.index}'s text; cannot derive a loss mask that leaves it out")
+
+
+def _heads(head: str, markers: tuple[str, ...]) -> list[str]:
+    """The prefixes of `head` that end at a special-token boundary (`markers`) or at its end, longest first."""
+    cuts = {len(head)}
+    for m in markers:
+        at = head.find(m)
+        while at >= 0:
+            cuts.update((at, at + len(m)))
+            at = head.find(m, at + 1)
+    return [head[:n] for n in sorted(cuts, reverse=True) if n > 0]
+
+
+def _find_turn(text: str, found: tuple[str, str] | None, heads: list[str], closers: tuple[str, ...], opener: str,
+               cursor: int, i: int, template_id: str, starts: tuple[str, ...] = ()) -> tuple[int, int, str]:
+    """`(s, e, head)`: the char range of assistant message `i`'s produced text in `text`, from `cursor`, and the
+    head written before it. Its text from prefix renders (`found`, see `turn_text`) behind `heads[0]` where
+    the render holds it; else what the render writes between the next head and the first turn closer after
+    it (the template re-renders the turn, e.g. drops its reasoning and the prompt's prefilled `<think>`, or
+    rewrites it once more messages follow), the head being the longest of `heads` written there. A template
+    with no closers (GLM-4) ends the turn where the next message starts (`starts`) or at the end of the text."""
+    head = heads[0] if heads else ""
+    if found is not None:
+        turn = found[1]
+        # Prefer the turn behind its head: the bare turn text (e.g. just the end-of-turn
+        # token of an empty reply) may also close the previous message.
+        s = text.find(head + turn, cursor) + len(head) if head else -1
+        if s < len(head) or not head:
+            s = text.find(turn, cursor)
+        if s >= 0:
+            return s, s + len(turn), head
+    at = text.find(heads[-1], cursor) if heads and (closers or starts) else -1
+    if at >= 0 and not closers:
+        head = next(h for h in heads if text.startswith(h, at))
+        s = at + len(head)
+        e = _first_closer(text, starts, s)[0]
+        e = len(text) if e < 0 else e
+        if e <= s:
+            raise RenderError(f"message {i}: the assistant turn rendered by template {template_id} is empty; "
+                              "cannot locate it for the loss mask")
+        return s, e, head
+    if at >= 0:
+        head = next(h for h in heads if text.startswith(h, at))  # the longest head written there
+        s = at + len(head)
+        e, end = _first_closer(text, closers, s)
         if e < 0 or (opener and text.find(opener, s, e) >= 0):
             raise RenderError(
-                f"message {i}: no end-of-turn {eot!r} closes the assistant turn rendered by "
-                f"template {template_id}; cannot locate it for the loss mask"
+                f"message {i}: no end-of-turn {' or '.join(map(repr, closers))} closes the assistant turn rendered "
+                f"by template {template_id}; cannot locate it for the loss mask"
             )
-        return s, e + len(eot)
+        return s, _past_closers(text, end, closers), head
+    if found is None:
+        raise RenderError(f"message {i}: cannot derive the assistant turn's text from prefix renders of template "
+                          f"{template_id}")
     raise RenderError(
         f"message {i}: the assistant turn is not rendered as sampled by template "
         f"{template_id} (it rewrites history); cannot locate it for the loss mask"

@@ -40,8 +40,8 @@ class RenderState:
     """Some message whose role's policy escapes holds special-token text: tokenize with escapes."""
     marked_at: int | None = None
     """The message whose text turned structural location off (`structural_ok`), or None."""
-    turn_text: dict[int, str] = field(default_factory=dict)
-    """Assistant message index -> its produced text from prefix renders (`mask.turn_text`), cached."""
+    turn_text: dict[int, tuple[str, str] | None] = field(default_factory=dict)
+    """Assistant message index -> `(head, produced text)` from prefix renders, or None (`mask.turn_text`), cached."""
     n_assistant: int = 0
     """Number of assistant messages held."""
     any_sampled: bool = False

@@ -10,7 +10,9 @@ A template is one of:
 
 Rendering follows `transformers`' `apply_chat_template` exactly (same Jinja environment options,
 filters, globals and template variables), except that `strftime_now` returns a fixed, recorded date
-so that a render is reproducible. Templates are untrusted code: they render in the sandbox of
+so that a render is reproducible: `RENDER_CLOCK` unless `load_template(..., clock=...)` names another
+(a template that prints the date, e.g. Llama 3.2's or gpt-oss's, then equals `apply_chat_template` on that
+day). The clock is in the template's `options` and, when not the default, in its sha256 and id. Templates are untrusted code: they render in the sandbox of
 `ctxkit.text.template.sandbox` under `RenderLimits` (time, output size, string and list sizes, recursion),
 and a sandbox violation or a limit hit is a `TemplateError`. What a template does through a tokenizer
 (generation prompt, end of turn, prefix preservation, locality) is `ctxkit.text.template.profile`'s.
@@ -21,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from datetime import datetime
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -28,7 +31,7 @@ from importlib.resources import files
 
 from ctxkit.errors import TemplateError
 from ctxkit.text.template.limits import DEFAULT_LIMITS, RenderLimits
-from ctxkit.text.template.sandbox import RENDER_CLOCK, compile_template, render_sandboxed
+from ctxkit.text.template.sandbox import RENDER_CLOCK, clock_function, compile_template, render_sandboxed
 
 RENDER_OPTIONS: Mapping[str, Any] = {
     "env": "ImmutableSandboxedEnvironment",
@@ -106,6 +109,9 @@ class ChatTemplate:
     limits: RenderLimits = DEFAULT_LIMITS
     """Limits every render runs under (time, output size, string/list sizes, recursion); not part of
     the version, since a render within them gives the same text."""
+    clock: datetime = RENDER_CLOCK
+    """The date and time `strftime_now` reports (recorded in `options`; part of the version when not
+    `RENDER_CLOCK`)."""
 
     @property
     def id(self) -> str:
@@ -134,6 +140,8 @@ class ChatTemplate:
         compiled = compile_template(self.source, self.sha256, self.name)
         variables = {"messages": chat, "tools": tools, "documents": None,
                      "add_generation_prompt": add_generation_prompt, **self.variables}
+        if self.clock != RENDER_CLOCK:  # a render variable shadows the sandbox's global of the same name
+            variables["strftime_now"] = clock_function(self.clock)
         return render_sandboxed(compiled, self.limits, variables, f"template {self.id}")
 
 
@@ -168,12 +176,34 @@ def _variables(tokenizer) -> dict[str, str]:
     return out
 
 
-def load_template(spec: str | Path | ChatTemplate | None, tokenizer, *, limits: RenderLimits | None = None) -> ChatTemplate:
+def with_clock(template: ChatTemplate, clock: datetime) -> ChatTemplate:
+    """`template` whose `strftime_now` reports `clock`; its sha256 (so its id) covers the clock unless it is
+    `RENDER_CLOCK`. A naive or aware `datetime`; anything else is a `TemplateError`."""
+    if not isinstance(clock, datetime):
+        raise TemplateError(f"template {template.name}: clock must be a datetime, got {type(clock).__name__}")
+    if clock == template.clock:
+        return template
+    base = _base_sha256(template)
+    sha = base if clock == RENDER_CLOCK else _sha256(base + "\nclock " + clock.isoformat())
+    return replace(template, clock=clock, sha256=sha, options={**template.options, "strftime_now": clock.isoformat()})
+
+
+def _base_sha256(template: ChatTemplate) -> str:
+    """The sha256 `load_template` gives `template` under the default clock."""
+    if template.origin == "tokenizer":
+        return _sha256(template.source + "\n" + json.dumps(dict(RENDER_OPTIONS), sort_keys=True))
+    return _sha256(template.source)
+
+
+def load_template(spec: str | Path | ChatTemplate | None, tokenizer, *, limits: RenderLimits | None = None,
+                  clock: datetime | None = None) -> ChatTemplate:
     """Load a template: None (the tokenizer's own), `name-vN` (ctxkit, sha256 checked) or a `.jinja` path.
 
-    `limits` (default `DEFAULT_LIMITS`) bound every render of the template (see `RenderLimits`)."""
+    `limits` (default `DEFAULT_LIMITS`) bound every render of the template (see `RenderLimits`). `clock`
+    (default `RENDER_CLOCK`) is the date `strftime_now` reports, recorded in the template (`with_clock`)."""
     if isinstance(spec, ChatTemplate):
-        return spec if limits is None or limits == spec.limits else replace(spec, limits=limits)
+        template = spec if limits is None or limits == spec.limits else replace(spec, limits=limits)
+        return template if clock is None else with_clock(template, clock)
     limits = DEFAULT_LIMITS if limits is None else limits
     variables = _variables(tokenizer)
     if spec is None:
@@ -214,10 +244,10 @@ def load_template(spec: str | Path | ChatTemplate | None, tokenizer, *, limits: 
             template = ChatTemplate(name=text, sha256=sha, source=source, origin="ctxkit", variables=variables,
                                     limits=limits)
     compile_template(template.source, template.sha256, template.name)  # syntax errors surface at load time
-    return template
+    return template if clock is None else with_clock(template, clock)
 
 
 __all__ = [
     "ChatTemplate", "DEFAULT_LIMITS", "RENDER_CLOCK", "RENDER_OPTIONS", "RenderLimits", "available_templates",
-    "load_template", "normalize_messages", "plain_value", "template_manifest",
+    "load_template", "normalize_messages", "plain_value", "template_manifest", "with_clock",
 ]

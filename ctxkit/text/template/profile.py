@@ -39,6 +39,14 @@ class TemplateProfile:
     """Its id."""
     markers: tuple[str, ...]
     """Special tokens inside the generation prompt and end-of-turn text, sorted."""
+    turn_closers: tuple[str, ...]
+    """Special tokens that close a turn in the probe render (each one right before a turn opener or at the
+    end), `end_of_turn` first: gpt-oss closes an assistant turn with `<|return|>` only when it is the last
+    one, with `<|end|>` in history and `<|call|>` after a tool call."""
+    turn_starts: tuple[str, ...]
+    """The first special token a message of each role starts with in the probe (GLM-4: `<|user|>`,
+    `<|assistant|>`, `<|observation|>`): where an assistant turn ends when the template closes it with no
+    token of its own (no `end_of_turn`)."""
     turn_opener: str | None
     """First special token of the generation prompt (opens a turn), None if it has none."""
     prefix_preserving: bool
@@ -151,9 +159,11 @@ def _build_profile(tok, tpl: ChatTemplate) -> TemplateProfile:
     gp, eot = facts["generation_prompt"], facts["end_of_turn"]
     markers = tuple(sorted({p for p, special in tok.split_special(gp + (eot or "")) if special}))
     opener = next((p for p, special in tok.split_special(gp) if special), None)
+    closers = tuple(dict.fromkeys([eot] if eot else []) | dict.fromkeys(facts.pop("closers", ())))
     return TemplateProfile(
         tokenizer_id=getattr(tok, "id", str(tok)), template_id=tpl.id,
         end_of_turn_id=tok.special_tokens.get(eot) if eot else None, markers=markers, turn_opener=opener,
+        turn_closers=closers, turn_starts=facts.pop("starts", ()),
         generation_markers=tpl.has_generation_markers, locality=_locality(tpl), **facts,
     )
 
@@ -182,16 +192,25 @@ def _probe_facts(tokenizer, template: ChatTemplate) -> dict[str, Any]:
         full = render(msgs, tools)
 
     failed: list[str] = []
+    starts: dict[str, None] = {}
     decision_ok = True
     message_ok = True
     for n in range(1, len(msgs)):
         nxt = msgs[n]["role"]
         transition = f"{msgs[n - 1]['role']}->{nxt}"
         longer = render(msgs[: n + 1], tools)
-        plain = render(msgs[:n], tools)
+        try:
+            plain = render(msgs[:n], tools)
+        except TemplateError as exc:  # Qwen3.5 refuses a system prompt alone: no user query yet
+            notes.append(f"render of the first {n} probe message(s) rejected: {exc}")
+            continue
         if not longer.startswith(plain):
             message_ok = False
             failed.append(transition)
+        else:
+            first = next((p for p, special in tokenizer.split_special(longer[len(plain) :]) if special), None)
+            if first is not None:
+                starts.setdefault(first)
         if nxt == "assistant":
             ctx = render(msgs[:n], tools, agp=True)
             if not all(render(msgs[:m], tools).startswith(ctx) for m in range(n + 1, len(msgs) + 1)):
@@ -247,12 +266,33 @@ def _probe_facts(tokenizer, template: ChatTemplate) -> dict[str, Any]:
         except Exception:  # pragma: no cover - backend quirks
             adds_bos = False
     return dict(
+        closers=_closers(tokenizer, full, generation_prompt), starts=tuple(starts),
         generation_prompt=generation_prompt, end_of_turn=end_of_turn, prefix_preserving=decision_ok,
         message_prefix_preserving=message_ok, failed_transitions=tuple(failed), supports_tools=supports_tools,
         supports_reasoning=supports_reasoning, bos_token=bos if starts_with_bos else None,
         bos_duplication_risk=starts_with_bos and adds_bos, default_system_prompt=default_system,
         notes=tuple(notes), probe_error=None,
     )
+
+
+def _closers(tokenizer, full: str, gp: str) -> tuple[str, ...]:
+    """The special tokens of `full` (a render) followed, after whitespace only, by the generation prompt's
+    first special token (the turn opener) or by the end of the text, in order of first appearance (the
+    text's first token excepted)."""
+    opener = next((p for p, special in tokenizer.split_special(gp) if special), None)
+    if opener is None:
+        return ()
+    pieces = tokenizer.split_special(full)
+    out: dict[str, None] = {}
+    for k, (piece, special) in enumerate(pieces):
+        if not special or k == 0:  # a special token that starts the text is a BOS, not a closer
+            continue
+        nxt = k + 1
+        if nxt < len(pieces) and not pieces[nxt][1] and not pieces[nxt][0].strip():
+            nxt += 1
+        if nxt == len(pieces) or pieces[nxt] == (opener, True):
+            out.setdefault(piece)
+    return tuple(p for p in out if p != opener)
 
 
 # ----------------------------------------------------------------------------------- locality

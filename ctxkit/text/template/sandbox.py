@@ -41,6 +41,16 @@ RENDER_CLOCK = datetime(2026, 1, 1, 12, 0, 0)
 """The date `strftime_now` reports in every render (recorded in each template's `options`)."""
 
 
+@functools.lru_cache(maxsize=16)
+def clock_function(clock: datetime):
+    """The `strftime_now(format)` a template calls, reporting `clock` (one function per clock)."""
+
+    def strftime_now(format):
+        return clock.strftime(format)
+
+    return strftime_now
+
+
 _ENV: Any = None
 _ENV_LOCK = threading.Lock()
 
@@ -83,8 +93,7 @@ def _build_environment():
     def raise_exception(message):
         raise jinja2.exceptions.TemplateError(message)
 
-    def strftime_now(format):
-        return RENDER_CLOCK.strftime(format)
+    strftime_now = clock_function(RENDER_CLOCK)
 
     def lipsum(n=5, html=True, min=20, max=100):
         if isinstance(n, int) and isinstance(max, int):
@@ -325,4 +334,4 @@ def render_sandboxed(compiled, limits: RenderLimits, variables: dict[str, Any], 
         raise TemplateError(f"{where} failed to render: {type(exc).__name__}: {exc}") from exc
 
 
-__all__ = ["RENDER_CLOCK", "compile_template", "render_sandboxed", "sandbox_environment"]
+__all__ = ["RENDER_CLOCK", "clock_function", "compile_template", "render_sandboxed", "sandbox_environment"]
