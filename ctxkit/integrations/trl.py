@@ -106,20 +106,31 @@ def sample_to_rollout(sample: TrainingSample, *, log: str = "") -> RolloutRow:
     )
 
 
-def episode_rollout(log_path: str | Path, *, on_split: str = "error") -> RolloutRow:
-    """The GRPO rollout of one logged episode (replayed and hash-checked by `training_samples.samples`)."""
+def one_sample_or_last(got: Sequence[Any], log_path: str | Path, on_split: str, holder: str) -> Any:
+    """The sample a one-prompt, one-completion trainer gets from an episode's samples `got`: the only one, or
+    with `on_split="last"` the last; a `ConfigError` naming the log for no sample, for several under
+    `on_split="error"` (saying where the history was rewritten and that `holder` holds one), or for an
+    unknown `on_split`."""
     if on_split not in SPLIT_POLICIES:
         raise ConfigError(f"on_split={on_split!r}: expected one of {list(SPLIT_POLICIES)}")
-    got = samples(str(log_path))
     if not got:
         raise ConfigError(f"{log_path}: the episode has no steps; nothing to train on")
     if len(got) > 1 and on_split == "error":
         raise ConfigError(
             f"{log_path}: episode {got[0].episode_id!r} gives {len(got)} samples (the context of step seq "
             f"{got[1].step_seqs[0]} does not extend the tokens before it, e.g. a compaction rewrote the history); "
-            "a GRPO rollout holds one prompt and one completion: pass on_split='last' to train on the last sample"
+            f"{holder}: pass on_split='last' to train on the last sample"
         )
-    return sample_to_rollout(got[-1], log=str(log_path))
+    return got[-1]
+
+
+def episode_rollout(log_path: str | Path, *, on_split: str = "error") -> RolloutRow:
+    """The GRPO rollout of one logged episode (replayed and hash-checked by `training_samples.samples`)."""
+    if on_split not in SPLIT_POLICIES:
+        raise ConfigError(f"on_split={on_split!r}: expected one of {list(SPLIT_POLICIES)}")
+    got = samples(str(log_path))
+    last = one_sample_or_last(got, log_path, on_split, "a GRPO rollout holds one prompt and one completion")
+    return sample_to_rollout(last, log=str(log_path))
 
 
 def rollout_batch(rows: Sequence[RolloutRow]) -> dict[str, list[Any]]:

@@ -55,7 +55,7 @@ from ctxkit.events import Message, Step, ToolResult
 from ctxkit.experiment.agents.base import AgentTurn
 from ctxkit.experiment.agents.parsing import end_of_turn_ids, parse_ids, turn_call_seed
 from ctxkit.experiment.tasks.base import make_task
-from ctxkit.integrations.trl import SPLIT_POLICIES, run_tool_episode
+from ctxkit.integrations.trl import SPLIT_POLICIES, one_sample_or_last, run_tool_episode
 from ctxkit.log.event_log import read_events
 from ctxkit.text.tokenizer.loader import load_tokenizer
 from ctxkit.training.episode_samples import TrainingSample, samples
@@ -124,17 +124,10 @@ def episode_fields(log_path: str | Path, *, on_split: str = "error") -> VerlFiel
         raise ConfigError(f"on_split={on_split!r}: expected one of {list(SPLIT_POLICIES)}")
     events = read_events(log_path)
     got = samples(events)
-    if not got:
-        raise ConfigError(f"{log_path}: the episode has no steps; nothing to train on")
-    if len(got) > 1 and on_split == "error":
-        raise ConfigError(
-            f"{log_path}: episode {got[0].episode_id!r} gives {len(got)} samples (the context of step seq "
-            f"{got[1].step_seqs[0]} does not extend the tokens before it, e.g. a compaction rewrote the history); "
-            "a verl AgentLoopOutput holds one prompt and one response: pass on_split='last' to return the last sample"
-        )
+    last = one_sample_or_last(got, log_path, on_split, "a verl AgentLoopOutput holds one prompt and one response")
     turns = sum(isinstance(e, (Message, Step, ToolResult)) for e in events)
     tool_s = sum(e.duration_s or 0.0 for e in events if isinstance(e, ToolResult))
-    return sample_fields(got[-1], log=str(log_path), num_turns=turns, n_samples=len(got), tool_s=tool_s)
+    return sample_fields(last, log=str(log_path), num_turns=turns, n_samples=len(got), tool_s=tool_s)
 
 
 def turn_from_tokens(token_ids: Sequence[int], log_probs: Sequence[float] | None, stop_reason: str | None, *,
