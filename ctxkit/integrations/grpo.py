@@ -100,11 +100,14 @@ class GrpoSpec:
     """`sync` or `one-step-off` (`MODES`)."""
     tis_clip: float = 2.0
     """TIS cap C of the one-step-off update (the sync update is on-policy and uses the plain ratio)."""
+    micro_batch: int = 1
+    """Samples per forward and backward pass of the update (gradients accumulated into one optimizer step):
+    memory is bounded by the longest sample, not the batch."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ConfigError(f"GrpoSpec.mode={self.mode!r}: expected one of {list(MODES)}")
-        for name in ("steps", "prompts", "group_size", "max_steps", "max_new_tokens", "budget"):
+        for name in ("steps", "prompts", "group_size", "max_steps", "max_new_tokens", "budget", "micro_batch"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"GrpoSpec.{name}={value!r}: expected an integer >= 1")
@@ -225,7 +228,8 @@ def _update(spec: GrpoSpec, model: Any, optimizer: Any, batch: _Batch, loss: Los
                 train.append(s)
                 weights.append(adv)
     started = time.perf_counter()
-    stats = reference_step(model, optimizer, train, loss, advantages=weights, pad_id=0) if train else None
+    stats = reference_step(model, optimizer, train, loss, advantages=weights, pad_id=0,
+                           micro_batch=spec.micro_batch) if train else None
     figures = {
         "mean_reward": float(np.mean(rewards)), "episodes": len(rewards), "discarded": kept.count(None),
         "samples": len(train), "samples_per_episode": len(train) / max(1, len(rewards) - kept.count(None)),

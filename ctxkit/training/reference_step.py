@@ -238,18 +238,47 @@ def policy_loss(new_logprobs: Any, batch: SampleBatch, config: LossConfig = Loss
 
 
 def reference_step(model: Any, optimizer: Any, samples: Sequence[TrainingSample], config: LossConfig = LossConfig(), *,
-                   advantages: Sequence[float] | None = None, pad_id: int = 0) -> StepStats:
-    """One optimizer step of the clipped policy-gradient loss over `samples` (see the module docstring)."""
+                   advantages: Sequence[float] | None = None, pad_id: int = 0,
+                   micro_batch: int | None = None) -> StepStats:
+    """One optimizer step of the clipped policy-gradient loss over `samples` (see the module docstring).
+
+    `micro_batch`: samples per forward and backward pass (None: all at once). The gradients of the micro-batches
+    add up to the gradient of the whole batch's loss (each micro-batch's token sum over the batch's action
+    count), so the step is the same up to float rounding while memory is bounded by the largest micro-batch."""
     import torch  # lazy: torch loads on first use
 
-    batch = collate_samples(samples, advantages=advantages, pad_id=pad_id)
-    old = None
-    if config.tis_clip is not None:
-        with torch.no_grad():
-            old = token_logprobs(model, batch.input_ids, batch.attention_mask, temperature=batch.temperature)
+    if micro_batch is not None and (isinstance(micro_batch, bool) or not isinstance(micro_batch, int) or micro_batch < 1):
+        raise ConfigError(f"reference_step: micro_batch={micro_batch!r}; expected an integer >= 1 or None")
+    adv = list(advantages) if advantages is not None else [None] * len(samples)
+    size = len(samples) if micro_batch is None else micro_batch
+    chunks = [collate_samples(samples[i:i + size], pad_id=pad_id,
+                              advantages=None if advantages is None else adv[i:i + size])
+              for i in range(0, len(samples), size)]
+    total = sum(int(np.asarray(c.loss_mask).sum()) for c in chunks)
     optimizer.zero_grad(set_to_none=True)
-    new = token_logprobs(model, batch.input_ids, batch.attention_mask, temperature=batch.temperature)
-    loss, stats = policy_loss(new, batch, config, old_logprobs=old)
-    loss.backward()
+    parts: list[tuple[int, StepStats]] = []
+    for batch in chunks:
+        n = int(np.asarray(batch.loss_mask).sum())  # > 0: collate_samples refuses a sample without sampled tokens
+        old = None
+        if config.tis_clip is not None:
+            with torch.no_grad():
+                old = token_logprobs(model, batch.input_ids, batch.attention_mask, temperature=batch.temperature)
+        new = token_logprobs(model, batch.input_ids, batch.attention_mask, temperature=batch.temperature)
+        loss, stats = policy_loss(new, batch, config, old_logprobs=old)
+        (loss * (n / total)).backward()
+        parts.append((n, stats))
     optimizer.step()
-    return stats
+    return _combined(parts, total)
+
+
+def _combined(parts: Sequence[tuple[int, StepStats]], total: int) -> StepStats:
+    """The statistics of a step from its micro-batches' (action count, statistics), each weighted by its count."""
+    if len(parts) == 1:
+        return parts[0][1]
+
+    def mean(field: str) -> float:
+        return sum(n * getattr(s, field) for n, s in parts) / total
+
+    tis = None if any(s.mean_tis_weight is None for _, s in parts) else mean("mean_tis_weight")
+    return StepStats(loss=mean("loss"), n_actions=total, mean_ratio=mean("mean_ratio"),
+                     clip_fraction=mean("clip_fraction"), mean_tis_weight=tis)

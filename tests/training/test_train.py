@@ -211,3 +211,36 @@ def test_one_real_step_raises_rewarded_tokens_and_leaves_masked_positions_withou
     gain = (after - before)[mask == 1]
     assert gain.mean() > 0  # the rewarded sampled tokens became more likely
     assert after[mask == 1].sum() > before[mask == 1].sum()
+
+
+@pytest.mark.slow
+def test_micro_batches_take_the_same_step_as_the_whole_batch(smollm, episode_samples):
+    import torch
+
+    agent, _ = smollm
+    pad = agent.lm.hf_tokenizer.pad_token_id or 0
+    models, stats = [], []
+    for micro in (None, 1):
+        torch.manual_seed(0)
+        model = copy.deepcopy(agent.lm.model)
+        model.train()
+        optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+        stats.append(reference_step(model, optimizer, episode_samples, advantages=[1.0, -0.5], pad_id=pad,
+                                    micro_batch=micro))
+        models.append(model)
+    whole, micro = stats
+    assert micro.n_actions == whole.n_actions
+    assert micro.loss == pytest.approx(whole.loss, abs=1e-5) and micro.mean_ratio == pytest.approx(whole.mean_ratio, abs=1e-5)
+    for (name, a), b in zip(models[0].named_parameters(), models[1].parameters()):
+        assert torch.allclose(a, b, atol=1e-6), name  # one SGD step from the same weights: the same gradient
+
+
+@pytest.mark.slow
+def test_reference_step_refuses_bad_micro_batches_and_empty_masks(episode_samples):
+    import dataclasses
+
+    with pytest.raises(ConfigError, match=r"micro_batch=0; expected an integer >= 1 or None"):
+        reference_step(None, None, episode_samples, micro_batch=0)
+    silent = [dataclasses.replace(s, loss_mask=(0,) * len(s.loss_mask)) for s in episode_samples]
+    with pytest.raises(ConfigError, match=r"episode 'train-a' sample 0: no sampled tokens \(loss mask all 0\)"):
+        reference_step(None, None, silent, micro_batch=1)
