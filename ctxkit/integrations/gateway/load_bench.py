@@ -6,7 +6,8 @@
 runs `clients` threads, each sending `requests` chat requests in conversations of `turns` turns (the history
 re-sent each time, as a harness does), alternating rounds of `round_size` requests per client between the two
 routes so both see the same machine: `direct` (the engine's own `/v1/chat/completions`) and `gateway`
-(recorded, one episode per conversation, ended after its last turn). It prints p50/p90/p99/max client
+(recorded, one episode per conversation, ended after its last turn). It checks that nothing was lost (a step
+recorded per gateway request) and that every log replays (`verify_log`), and prints p50/p90/p99/max client
 latency per route, the gateway's own recording time per request from the logs (`ingest_s + build_s` of each
 step: the log append with its fsync, the context build) and its engine call (`generate_s`: the completion
 alone; the llama.cpp dialect also asks `/extras/tokenize` first), and the machine's load (`ctxkit.benchmarks.machine_load.LoadMeter`), as text and as one JSON object.
@@ -32,6 +33,7 @@ from ctxkit.experiment.engine_server import LlamaServer, LlamaServerSpec
 from ctxkit.integrations.gateway.app import make_app, serving
 from ctxkit.integrations.gateway.gateway import EngineSpec, Gateway, GatewayConfig
 from ctxkit.log.event_log import read_events
+from ctxkit.training.context_replay import verify_log
 
 __all__ = ["run_bench", "percentiles", "main"]
 
@@ -112,7 +114,9 @@ def run_bench(tokenizer: str, *, clients: int = 16, requests: int = 50, turns: i
                 warm.request("gateway", url, server.base_url)
             with LoadMeter() as load:
                 _rounds(people, requests, round_size, url, server.base_url)
-    steps = [e for p in sorted(out.glob("bench-[0-9]*.jsonl")) for e in read_events(p) if isinstance(e, Step)]
+    logs = [read_events(p) for p in sorted(out.glob("bench-[0-9]*.jsonl"))]
+    steps = [e for events in logs for e in events if isinstance(e, Step)]
+    replayed = sum(r.n_ok == r.n_steps for r in map(verify_log, logs))
     own = [s.timings["ingest_s"] + s.timings["build_s"] for s in steps]
     figures = {route: percentiles([x for c in people for x in c.latency[route]]) for route in ("direct", "gateway")}
     figures["gateway_recording"] = percentiles(own)
@@ -120,6 +124,8 @@ def run_bench(tokenizer: str, *, clients: int = 16, requests: int = 50, turns: i
     figures["overhead"] = {k: round(figures["gateway"][k] - figures["direct"][k], 4) for k in ("p50", "p90", "p99")}
     figures["setup"] = {"clients": clients, "requests_per_client": requests, "turns": turns, "max_tokens": max_tokens,
                         "server_threads": server_threads, "max_concurrent": max_concurrent, "steps_recorded": len(steps),
+                        "gateway_requests": sum(len(c.latency["gateway"]) for c in people), "logs": len(logs),
+                        "logs_replayed": replayed,
                         "wall_s": round(load.wall, 1), "load": str(load), "logs": str(out)}
     return figures
 
