@@ -124,7 +124,7 @@ def run_bench(tokenizer: str, *, clients: int = 16, requests: int = 50, turns: i
     figures["overhead"] = {k: round(figures["gateway"][k] - figures["direct"][k], 4) for k in ("p50", "p90", "p99")}
     figures["setup"] = {"clients": clients, "requests_per_client": requests, "turns": turns, "max_tokens": max_tokens,
                         "server_threads": server_threads, "max_concurrent": max_concurrent, "steps_recorded": len(steps),
-                        "gateway_requests": sum(len(c.latency["gateway"]) for c in people), "logs": len(logs),
+                        "gateway_requests": sum(len(c.latency["gateway"]) for c in people), "episodes": len(logs),
                         "logs_replayed": replayed,
                         "wall_s": round(load.wall, 1), "load": str(load), "logs": str(out)}
     return figures

@@ -36,5 +36,5 @@ def test_a_small_run_loses_nothing_and_every_log_replays(tmp_path):
                         server_threads=1, out_dir=tmp_path)
     setup = figures["setup"]
     assert (setup["gateway_requests"], setup["steps_recorded"]) == (12, 12)  # each client: 4 requests per route
-    assert (setup["logs"], setup["logs_replayed"]) == (6, 6)  # each client: 2 conversations of 2 turns
+    assert (setup["episodes"], setup["logs_replayed"]) == (6, 6)  # each client: 2 conversations of 2 turns
     assert figures["gateway"]["n"] == figures["direct"]["n"] == 12
