@@ -156,6 +156,6 @@ def load_grpo_config(path: str | os.PathLike, *, quick: bool = False) -> GrpoCon
     name = raw.get("name", Path(where).stem)
     if not isinstance(name, str) or not name:
         raise _err(where, f"name is {name!r}; expected a non-empty string")
-    return GrpoConfig(path=where, name=name, model=None if model == "default" else str(base / model),
+    return GrpoConfig(path=where, name=name, model=None if model == "default" else str((base / model).resolve()),
                       tokenizer=resolve_tokenizer(raw["tokenizer"], base), eval_seeds=eval_seeds, threads=threads,
                       runs=runs)
