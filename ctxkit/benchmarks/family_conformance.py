@@ -154,9 +154,8 @@ def check_ids(harness: FamilyHarness, family: str, conversation: str, agp: bool)
     return IdsCheck(outcome="equal", error=None, **where)
 
 
-def _masked_other_text(tok, ctx, msgs) -> str | None:
-    """The first user or tool message text that masked tokens hold more often than the assistant messages
-    write it (a mask that marks text the policy did not sample), or None."""
+def masked_runs(tok, ctx) -> list[str]:
+    """The text of each maximal run of loss-bearing tokens of a rendered context, in order."""
     runs, cur = [], []
     for t, m in zip(ctx.token_ids, ctx.loss_mask):
         if m:
@@ -164,7 +163,13 @@ def _masked_other_text(tok, ctx, msgs) -> str | None:
         elif cur:
             runs.append(tok.decode(cur))
             cur = []
-    runs += [tok.decode(cur)] if cur else []
+    return runs + ([tok.decode(cur)] if cur else [])
+
+
+def _masked_other_text(tok, ctx, msgs) -> str | None:
+    """The first user or tool message text that masked tokens hold more often than the assistant messages
+    write it (a mask that marks text the policy did not sample), or None."""
+    runs = masked_runs(tok, ctx)
     if sum(m["role"] == "assistant" for m in msgs) and not runs:
         return "(nothing masked)"
     own = " ".join(str(m.get(k) or "") for m in msgs if m["role"] == "assistant"
@@ -286,4 +291,4 @@ if __name__ == "__main__":  # pragma: no cover - the report script
 
 
 __all__ = ["FamilyHarness", "FamilyRow", "IdsCheck", "MaskCheck", "check_ids", "check_mask", "family_row",
-           "format_table", "main", "thinking_policy", "today"]
+           "format_table", "main", "masked_runs", "thinking_policy", "today"]

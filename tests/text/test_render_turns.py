@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import tokenizer_dir
+from ctxkit.benchmarks.family_conformance import masked_runs
 from ctxkit.text.rendering.renderer import IncrementalRenderer, render
 from ctxkit.text.tokenizer.loader import load_tokenizer
 
@@ -19,17 +20,6 @@ QWEN3_RUN = [
     {"role": "assistant", "content": "a1"},
     {"role": "assistant", "content": "a2"},
 ]
-
-
-def _masked_runs(tok, ctx) -> list[str]:
-    runs, cur = [], []
-    for t, m in zip(ctx.token_ids, ctx.loss_mask):
-        if m:
-            cur.append(t)
-        elif cur:
-            runs.append(tok.decode(cur))
-            cur = []
-    return runs + ([tok.decode(cur)] if cur else [])
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +33,7 @@ def test_qwen3_im_end_in_user_text_then_two_assistant_turns(qwen3, agp):
     expected = qwen3.hf.apply_chat_template(QWEN3_RUN, tokenize=True, add_generation_prompt=agp, return_dict=False)
     assert list(ctx.token_ids) == list(expected)
     # a1 as history (Qwen3 drops its empty think block), a2 as the last turn (with it)
-    assert _masked_runs(qwen3, ctx) == ["a1<|im_end|>", "<think>\n\n</think>\n\na2<|im_end|>"]
+    assert masked_runs(qwen3, ctx) == ["a1<|im_end|>", "<think>\n\n</think>\n\na2<|im_end|>"]
     assert [(s.index, s.role) for s in ctx.spans] == [(0, "user"), (1, "assistant"), (2, "assistant")]
     inc = IncrementalRenderer(qwen3)
     for m in QWEN3_RUN:

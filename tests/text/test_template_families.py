@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import require_module, shared_path
+from ctxkit.benchmarks.family_conformance import masked_runs
 from ctxkit.benchmarks.family_conversations import family_conversations
 from ctxkit.benchmarks.template_families import FAMILIES, family_spec, stock_templates, training_name
 from ctxkit.errors import ConfigError, RenderError
@@ -182,13 +183,7 @@ def test_glm_turn_ends_where_the_next_message_starts(harness):
     msgs, _t = family_conversations(family_spec("glm4moe"))["reasoning"]
     ctx = render(msgs, tok)
     assert list(ctx.token_ids) == list(hf.apply_chat_template(msgs, tokenize=True, return_dict=False))
-    runs, cur = [], []
-    for t, m in zip(ctx.token_ids, ctx.loss_mask):
-        if m:
-            cur.append(t)
-        elif cur:
-            runs, cur = runs + [tok.decode(cur)], []
-    runs += [tok.decode(cur)] if cur else []
+    runs = masked_runs(tok, ctx)
     assert runs == ["\n<think></think>\nYes.", "\n<think>3 divides 21.</think>\nNo, 21 = 3 × 7."]
 
 
@@ -199,11 +194,5 @@ def test_command_r7b_mask_holds_both_closing_tokens(harness):
     tok, _, _ = harness.load("cohere2")
     msgs, _t = family_conversations(family_spec("cohere2"))["chat"]
     ctx = render(msgs, tok)
-    runs, cur = [], []
-    for t, m in zip(ctx.token_ids, ctx.loss_mask):
-        if m:
-            cur.append(t)
-        elif cur:
-            runs, cur = runs + [tok.decode(cur)], []
-    runs += [tok.decode(cur)] if cur else []
+    runs = masked_runs(tok, ctx)
     assert runs == ["It is 4.<|END_RESPONSE|><|END_OF_TURN_TOKEN|>", "9 🎉<|END_RESPONSE|><|END_OF_TURN_TOKEN|>"]

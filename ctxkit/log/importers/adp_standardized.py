@@ -21,7 +21,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from ctxkit.log.importers.common import ImportedEpisode, Importer, SourceInfo, drop_nulls, ending, episode_events, require
+from ctxkit.log.importers.common import (ImportedEpisode, Importer, SourceInfo, drop_nulls, ending, episode_events,
+                                         id_field, require)
 
 CLASSES = ("text_observation", "api_action", "code_action", "message_action")
 """The item classes this importer reads."""
@@ -106,6 +107,6 @@ def read_entry(item: Mapping[str, Any], source: SourceInfo, tools: Sequence[Any]
 IMPORTER = Importer(name="adp-std", description="Agent Data Protocol standardized: a list of {id, content: "
                                                 "[{class_: text_observation|api_action|code_action|message_action}]}",
                     matches=matches, entries=lambda doc: doc, entry_problem=entry_problem,
-                    entry_id=lambda item, index: str(item.get("id") or "") if isinstance(item, Mapping) else "",
+                    entry_id=id_field("id"),
                     read_entry=read_entry)
 """The `adp-std` entry of `IMPORTERS`."""

@@ -274,3 +274,8 @@ def _split_text(out: Sequence[Mapping[str, Any]], msg: Mapping[str, Any]) -> Any
     if msg.get("role") != "assistant" or msg.get("function_call") is None or msg.get("content") not in ("", None):
         return None
     return {"content": msg.get("content")}
+
+
+def id_field(key: str) -> Callable[[Any, int], str]:
+    """An `Importer.entry_id` that reads an entry's `key` field (empty where the entry is not a mapping or lacks it)."""
+    return lambda item, index: str(item.get(key) or "") if isinstance(item, Mapping) else ""

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from ctxkit.log.importers.common import ImportedEpisode, Importer, SourceInfo, drop_nulls, ending, episode_events, require
+from ctxkit.log.importers.common import (ImportedEpisode, Importer, SourceInfo, drop_nulls, ending, episode_events,
+                                         id_field, require)
 
 def _is_event(item: Any) -> bool:
     return isinstance(item, Mapping) and "source" in item and ("action" in item or "observation" in item)
@@ -127,6 +128,6 @@ def read_entry(item: Any, source: SourceInfo, tools: Sequence[Any] | None = None
 IMPORTER = Importer(name="openhands", description="OpenHands event streams: evaluation rows {instance_id, history, "
                                                   "...} (JSONL) or a bare event list",
                     matches=matches, entries=entries, entry_problem=entry_problem,
-                    entry_id=lambda item, index: str(item.get("instance_id") or "") if isinstance(item, Mapping) else "",
+                    entry_id=id_field("instance_id"),
                     read_entry=read_entry)
 """The `openhands` entry of `IMPORTERS`."""

@@ -20,7 +20,7 @@ from typing import Any, Mapping, Sequence
 
 from ctxkit.errors import ImportFormatError
 from ctxkit.log.importers.common import (ImportedEpisode, Importer, SourceInfo, ending, episode_events, episode_label,
-                                         require)
+                                         id_field, require)
 from ctxkit.log.importers.text_calls import TextCallError, format_text_call, parse_text_call, split_observation
 
 ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
@@ -115,6 +115,6 @@ def read_entry(item: Mapping[str, Any], source: SourceInfo, tools: Sequence[Any]
 IMPORTER = Importer(name="sharegpt", description="ShareGPT-style SFT: a list of {id?, system?, conversations: "
                                                  "[{from, value}]}",
                     matches=matches, entries=lambda doc: doc, entry_problem=entry_problem,
-                    entry_id=lambda item, index: str(item.get("id") or "") if isinstance(item, Mapping) else "",
+                    entry_id=id_field("id"),
                     read_entry=read_entry)
 """The `sharegpt` entry of `IMPORTERS`."""
