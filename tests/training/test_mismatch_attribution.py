@@ -144,3 +144,27 @@ def test_attribution_options_are_checked_before_any_model_loads(tmp_path, capsys
                     Step(token_ids=(1, 2), content="yo", logprobs=(-0.1, -0.2), logprob_kind="processed")])
     assert main(["mismatch", str(tmp_path / "ep.jsonl"), "--model", "default", *option]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_step_drifts_maps_a_rendered_drift_onto_the_sampled_tokens_it_covers(smollm_tok):
+    """A turn sampled as `hel|lo| world` where the tokenizer writes `hello| world`: the later context's render records
+    a drift, which `step_drifts` places on tokens [0, 2) of the step (the differing run `hel|lo`)."""
+    from ctxkit.context.builder import ContextBuilder, MemoryLog
+    from ctxkit.training.mismatch.scoring import step_drifts
+
+    tok = smollm_tok
+    end = tok.special_tokens["<|im_end|>"]
+    sampled = tuple(tok.encode("hel") + tok.encode("lo") + tok.encode(" world")) + (end,)
+    assert tok.encode("hello world") != list(sampled[:-1])  # a non-canonical split of the same text
+    log = MemoryLog()
+    log.extend([EpisodeStart(episode_id="d"), Message(role="user", content="hi")])
+    builder = ContextBuilder(tok, None, "keep-all", 4096, detect_pins=False)
+    first = builder.build(log)
+    step = log.append(Step(context_hash=first.hash, context_length=len(first.token_ids), token_ids=sampled,
+                           content="hello world"))
+    log.append(Message(role="user", content="again"))
+    later = builder.build(log)
+    assert len(later.rendered.drifts) == 1
+    reason = str(getattr(later.rendered.drifts[0], "reason", "unclassified"))  # drift reasons are another change's
+    assert step_drifts(later, {}) == {step.id: {(0, 2, reason)}}
+    assert step_drifts(first, {}) == {}  # no sampled turn in the first context
