@@ -168,3 +168,38 @@ def test_step_drifts_maps_a_rendered_drift_onto_the_sampled_tokens_it_covers(smo
     reason = str(getattr(later.rendered.drifts[0], "reason", "unclassified"))  # drift reasons are another change's
     assert step_drifts(later, {}) == {step.id: {(0, 2, reason)}}
     assert step_drifts(first, {}) == {}  # no sampled turn in the first context
+
+
+@pytest.mark.slow
+def test_scored_steps_carry_their_drifts_the_last_turn_included(smollm_tok, tmp_path):
+    """Scoring a real log with SmolLM2: both turns were sampled with a non-canonical split, the first one's drift
+    shows in the second step's context, the last one's only in the whole log's render; the attribution puts the
+    out-of-bounds tokens of those spans on the drift."""
+    pytest.importorskip("torch")
+    from ctxkit.context.builder import ContextBuilder
+    from ctxkit.context.models import load_causal_lm
+    from ctxkit.log.event_log import EventLog, read_events
+    from ctxkit.training.mismatch.scoring import score_steps
+
+    tok = smollm_tok
+    end = tok.special_tokens["<|im_end|>"]
+    sampled = tuple(tok.encode("hel") + tok.encode("lo") + tok.encode(" world")) + (end,)
+    builder = ContextBuilder(tok, None, "keep-all", 4096, detect_pins=False)
+    path = tmp_path / "ep.jsonl"
+    with EventLog.create(path, episode_id="d") as log:
+        log.extend([EpisodeStart(episode_id="d", context=builder.describe()), Message(role="user", content="hi")])
+        for turn in range(2):
+            ctx = builder.build(log)
+            log.append(Step(context_hash=ctx.hash, context_length=len(ctx.token_ids), token_ids=sampled,
+                            content="hello world", logprobs=(-1.0,) * len(sampled), logprob_kind="raw"))
+            log.append(Message(role="user", content="again"))
+    steps, skipped = score_steps(path, load_causal_lm(None, device="cpu", dtype="float32"))
+    reason = str(getattr(ctx.rendered.drifts[0], "reason", "unclassified")) if ctx.rendered.drifts else "unclassified"
+    assert skipped == 0 and [s.drift_spans for s in steps] == [((0, 2, reason),), ((0, 2, reason),)]
+    att = attribute(steps, {str(path): read_events(path)})
+    ratios = [np.exp(s.recomputed - s.behaviour) for s in steps]
+    out = [(r > 2.0) | (r < 0.5) for r in ratios]
+    want_drift = sum(int(o[:2].sum()) for o in out)
+    assert want_drift >= 1  # the first sampled piece, `hel` after a greeting, is far from log-prob -1
+    rows = {r["cause"]: r["tokens"] for r in att["kinds"]["raw"]["rows"]}
+    assert rows.get(f"drift:{reason}", 0) == want_drift and rows["engine_numerics"] == sum(int(o[2:].sum()) for o in out)
