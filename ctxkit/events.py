@@ -11,8 +11,8 @@ reaches a log: `Message.role` (`ROLES`), `Step.logprob_kind` (`LOGPROB_KINDS` or
 (`FINISH_REASONS` or None), `ToolResult.status` (`TOOL_STATUSES`), `EpisodeEnd.outcome` (`END_OUTCOMES`) and
 `EpisodeEnd.reward_kind` (`REWARD_KINDS`). A bad value is an `EventFormatError` naming the field, the value
 and the allowed ones; `event_from_dict` turns it into a `LogFormatError` (the log reader adds file and line).
-A `Step`'s per-token lists are checked the same way: `logprobs` and `raw_logprobs`, when given, hold one
-entry per `token_ids` entry, else an `AlignmentError` (an `EventFormatError`) names the field and both lengths.
+A `Step`'s per-token lists are checked the same way: `logprobs`, `raw_logprobs` and `kept_set`, when given, hold
+one entry per `token_ids` entry, else an `AlignmentError` (an `EventFormatError`) names the field and both lengths.
 """
 
 from __future__ import annotations
