@@ -14,7 +14,7 @@ prompt:
   here (none is shipped in an installed package or in shared/), so they are checked as renderers only.
 
 `python -m ctxkit.benchmarks.vendor_oracles [--details]` prints the table vendor x tokenizer x conversations:
-renders, ids equal to HF, differing, refused, and the kinds of the first differences.
+renders, ids equal to HF, differing, refused, the kinds of the first differences and of every difference.
 """
 
 from __future__ import annotations
@@ -53,6 +53,8 @@ class OracleCheck:
     """The first differing token (`different` only)."""
     snippets: tuple[str, str] = ("", "")
     """(vendor, HF) decoded around the first difference."""
+    kinds: tuple[str, ...] = ()
+    """Every section kind where the ids differ (`compare.all_differences`)."""
 
 
 def references(shared) -> dict[str, tuple[Any, Any]]:
@@ -84,7 +86,7 @@ def check(vendor: str, conversation: str, agp: bool, refs: dict) -> OracleCheck:
     tok, tpl = refs[vendor]
     c = compare_vendor(f"vendor:{vendor}", msgs, tok, tpl, tools=tools, add_generation_prompt=agp)
     return OracleCheck(outcome=c.outcome, kind=c.kind, position=c.position, snippets=(c.vendor_text, c.template_text),
-                       **where)
+                       kinds=c.kinds, **where)
 
 
 def vendor_rows(checks: list[OracleCheck], tokenizer_of: dict[str, str]) -> list[str]:
@@ -94,12 +96,14 @@ def vendor_rows(checks: list[OracleCheck], tokenizer_of: dict[str, str]) -> list
         mine = [c for c in checks if c.vendor == vendor]
         compared = [c for c in mine if c.outcome != "no HF template"]
         kinds = Counter(c.kind for c in compared if c.outcome == "different")
+        every = Counter(k for c in compared for k in c.kinds)
         refused = Counter(c.outcome for c in compared if "refuse" in c.outcome)
         hf = lambda n: f"{n}/{len(compared)}" if compared else "-"  # noqa: E731 - a column format
         out.append(f"| {vendor} | {tokenizer_of[vendor]} | {len(mine)} | {sum(c.renders == 'yes' for c in mine)}/{len(mine)} "
                    f"| {hf(sum(c.outcome == 'equal' for c in compared))} | {hf(sum(c.outcome == 'different' for c in compared))} "
                    f"| {', '.join(f'{k} {n}' for k, n in sorted(refused.items())) or '-'} "
-                   f"| {', '.join(f'{k} {n}' for k, n in kinds.most_common()) or '-'} |")
+                   f"| {', '.join(f'{k} {n}' for k, n in kinds.most_common()) or '-'} "
+                   f"| {', '.join(f'{k} {n}' for k, n in every.most_common()) or '-'} |")
     return out
 
 
@@ -118,8 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     oracles = {v: load_vendor(f"vendor:{v}") for v in vendors}
     print("vendors: " + ", ".join(sorted({o.template_id.split("@")[0].split("/")[1] for o in oracles.values()})))
     print("| vendor | vendor tokenizer | renders (conv x gen. prompt) | vendor renders + mask | ids equal to HF | "
-          "differ from HF | refused | first difference (section of the vendor render) |")
-    print("|---|---|---|---|---|---|---|---|")
+          "differ from HF | refused | first difference (section of the vendor render) | every difference |")
+    print("|---|---|---|---|---|---|---|---|---|")
     print("\n".join(vendor_rows(checks, {v: o.tokenizer_id for v, o in oracles.items()})))
     if args.details:
         for c in checks:
@@ -127,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{c.vendor} {c.conversation} agp={c.add_generation_prompt}: vendor refuses: {c.renders}")
             if c.outcome == "different":
                 print(f"{c.vendor} {c.conversation} agp={c.add_generation_prompt}: first difference at {c.position} "
-                      f"({c.kind}): vendor {c.snippets[0]!r} | HF {c.snippets[1]!r}")
+                      f"({c.kind}; all: {', '.join(c.kinds)}): vendor {c.snippets[0]!r} | HF {c.snippets[1]!r}")
             elif c.outcome not in ("equal", "no HF template"):
                 print(f"{c.vendor} {c.conversation} agp={c.add_generation_prompt}: {c.outcome}")
     return 0

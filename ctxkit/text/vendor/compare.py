@@ -5,8 +5,8 @@ through the vendor (`VendorOracle.encode`) and through the chat template in ctxk
 `tokenizer` as `apply_chat_template` tokenizes (`template_ids`), and says whether the ids are equal and, if
 not, where they first differ: the token position, both sides decoded around it, and the kind of section of
 the vendor's render the position falls in (`first_difference`: the last section marker before it, e.g.
-`tool call`, `system prompt`; `end` when one render is a prefix of the other). Either side refusing is an
-outcome, not an error.
+`tool call`, `system prompt`; `end` when one render is a prefix of the other), and the kinds of every other
+block where they differ once aligned (`all_differences`). Either side refusing is an outcome, not an error.
 """
 
 from __future__ import annotations
@@ -44,6 +44,9 @@ class VendorComparison:
     """The refusal (`Type: message`) of the side(s) that refused."""
     lengths: tuple[int, int] = (0, 0)
     """`(vendor ids, template ids)` lengths."""
+    kinds: tuple[str, ...] = ()
+    """Every section kind where the renders differ, in order, each once (`all_differences`): what the first
+    difference would hide."""
 
 
 def template_ids(messages: Sequence[Mapping[str, Any]], tokenizer: Any, template: ChatTemplate | str | None,
@@ -75,6 +78,19 @@ def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
     return None if len(a) == len(b) else n
 
 
+def all_differences(oracle: VendorOracle, mine: Sequence[int], theirs: Sequence[int]) -> tuple[str, ...]:
+    """The section kinds (`section_at` of the vendor render) of every block where `mine` and `theirs` differ,
+    aligned by `difflib.SequenceMatcher` over the ids, in order and each once; `end` past the vendor's last id."""
+    import difflib  # lazy: only a comparison that differs aligns
+
+    out: dict[str, None] = {}
+    ops = difflib.SequenceMatcher(None, list(mine), list(theirs), autojunk=False).get_opcodes()
+    for tag, i1, _i2, _j1, _j2 in ops:
+        if tag != "equal":
+            out[section_at(oracle, mine, i1) if i1 < len(mine) else "end"] = None
+    return tuple(out)
+
+
 def compare_vendor(spec: str, messages: Sequence[Mapping[str, Any]], tokenizer: Any,
                    template: ChatTemplate | str | None = None, tools: Sequence[Mapping[str, Any]] | None = None,
                    add_generation_prompt: bool = False) -> VendorComparison:
@@ -103,7 +119,8 @@ def compare_vendor(spec: str, messages: Sequence[Mapping[str, Any]], tokenizer: 
     lo, hi = max(0, p - SNIPPET), p + SNIPPET
     kind = "end" if p == min(lengths) else section_at(oracle, mine, p)
     return VendorComparison(outcome="different", position=p, kind=kind, vendor_text=oracle.decode(mine[lo:hi]),
-                            template_text=tokenizer.decode(theirs[lo:hi]), lengths=lengths, **head)
+                            template_text=tokenizer.decode(theirs[lo:hi]), lengths=lengths,
+                            kinds=all_differences(oracle, mine, theirs), **head)
 
 
-__all__ = ["SNIPPET", "VendorComparison", "compare_vendor", "first_difference", "section_at", "template_ids"]
+__all__ = ["SNIPPET", "VendorComparison", "all_differences", "compare_vendor", "first_difference", "section_at", "template_ids"]
