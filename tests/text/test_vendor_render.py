@@ -199,3 +199,13 @@ def test_harmony_reads_the_rank_file_offline(monkeypatch, tmp_path):
     monkeypatch.setattr(harmony, "tiktoken_search_dirs", lambda: [tmp_path])
     with pytest.raises(TokenizerError, match=f"needs 'o200k_base.tiktoken', not found offline in \\['{tmp_path}'\\]"):
         harmony.HarmonyOracle.load("harmony", keep_analysis=False)
+
+
+def test_importing_the_renderer_loads_no_vendor_package():
+    import subprocess
+    import sys
+
+    code = ("import sys, ctxkit; ctxkit.render; import ctxkit.text.vendor; "
+            "print(sorted(m for m in ('mistral_common', 'openai_harmony', 'sentencepiece') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
