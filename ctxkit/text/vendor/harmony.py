@@ -31,6 +31,7 @@ from typing import Any, Mapping, Sequence
 
 from ctxkit.errors import ConfigError, TokenizerError, VendorRenderError
 from ctxkit.text.chat_messages import message_text
+from ctxkit.text.template.sandbox import RENDER_CLOCK
 from ctxkit.text.tokenizer.hf_files import hash_files
 from ctxkit.text.tokenizer.tiktoken_files import tiktoken_search_dirs
 
@@ -40,8 +41,9 @@ RANK_FILE = "o200k_base.tiktoken"
 """The rank file harmony's `o200k_harmony` encoding reads."""
 ENCODINGS_ENV = "TIKTOKEN_ENCODINGS_BASE"
 """harmony's variable naming a folder that holds its rank files (read instead of downloading them)."""
-DEFAULT_CLOCK = datetime(2026, 1, 1, 12, 0, 0)
-"""The conversation start date harmony's system message gets by default (`sandbox.RENDER_CLOCK`'s date)."""
+DEFAULT_CLOCK: datetime = RENDER_CLOCK
+"""The conversation start date harmony's system message gets by default: `RENDER_CLOCK`, the date ctxkit's
+chat templates print (so TRL's gpt-oss template and harmony agree on it)."""
 
 SECTIONS: tuple[tuple[str, str], ...] = (
     ("<|start|>system", "system header"), ("<|start|>developer", "developer (instructions, tools)"),

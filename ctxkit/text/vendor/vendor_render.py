@@ -33,8 +33,15 @@ from ctxkit.text.vendor.oracle import VendorOracle, load_vendor
 _PROBE = [{"role": "user", "content": "Probe: naïve 3 × 3 = 9? 你好"}, {"role": "assistant", "content": "Yes 🎉"}]
 
 
+_CHECKED: set[tuple[str, str]] = set()
+
+
 def check_tokenizer(oracle: VendorOracle, tokenizer: Any) -> None:
-    """A `ConfigError` unless `tokenizer` (a ctxkit `Tokenizer`) gives the vendor's ids on a probe conversation."""
+    """A `ConfigError` unless `tokenizer` (a ctxkit `Tokenizer`) gives the vendor's ids on a probe conversation
+    (checked once per vendor and tokenizer id)."""
+    key = (oracle.template_id, str(getattr(tokenizer, "id", id(tokenizer))))
+    if key in _CHECKED:
+        return
     ids = oracle.encode(_PROBE, None, False)
     try:
         mine = list(tokenizer.encode(oracle.decode(ids)))
@@ -45,6 +52,7 @@ def check_tokenizer(oracle: VendorOracle, tokenizer: Any) -> None:
         raise ConfigError(f"tokenizer {getattr(tokenizer, 'id', tokenizer)!r} is not the vocabulary of "
                           f"{oracle.template_id} (ids of a probe render differ); pass tokenizer=None to use "
                           f"the vendor's own ({oracle.tokenizer_id})")
+    _CHECKED.add(key)
 
 
 def render_vendor(messages: Sequence[Mapping[str, Any]], spec: str, tools: Sequence[Mapping[str, Any]] | None = None,
