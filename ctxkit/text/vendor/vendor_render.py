@@ -14,6 +14,13 @@ renders text only). Masked tokens have role `assistant`; a trailing generation p
 the render without it) has role `generation_prompt`; every other token is `scaffold`, and only assistant
 messages get non-empty spans (a vendor render is not split per message here).
 
+Special-token text inside content is encoded as plain text by both vendors (mistral-common and harmony
+never parse it), where a Hugging Face template's tokenization would parse it as the special token.
+
+Cost: two vendor renders per assistant turn besides the full one, so a whole episode costs quadratic time in
+its turns (50 turns: ~0.6 s through harmony, ~0.13 s through mistral-v7 on this 2-core machine); a vendor
+renderer is an oracle and a reference path, not the incremental one.
+
 `tokenizer`, when given, must be the vendor's own vocabulary: it must encode a probe text and the vendor's
 render of a small conversation to the same ids (the shared Mistral v0.3 folder for `mistral-v3`,
 `tiktoken:o200k_harmony` for harmony), else a `ConfigError`. The context's `template_id` names the vendor
