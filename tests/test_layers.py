@@ -184,7 +184,7 @@ def test_public_names_are_grouped_under_their_package_in_the_package_face():
     assert wrong == []
 
 
-PACKAGES = ("log", "text", "text.tokenizer", "text.template", "text.rendering", "context", "training", "cli")
+PACKAGES = ("log", "text", "text.tokenizer", "text.template", "text.rendering", "text.vendor", "context", "training", "cli")
 SIBLINGS = ("log/", "text/")
 
 
