@@ -169,10 +169,11 @@ def _base_json(folder: str) -> str:
     return files.backend.to_str()
 
 
-def family_tokenizer(name: str, shared: Path, out: Path) -> Path:
+def family_tokenizer(name: str, shared: Path, out: Path, added: tuple[str, ...] = ()) -> Path:
     """Write the tokenizer folder of family `name` under `out` (the base BPE from `shared`/tokenizers plus the
     family's special tokens; its chat template is TRL's stock template) and return it. Written once per
-    folder: an existing folder is reused."""
+    folder: an existing folder is reused. `added`: further texts added as ordinary (non-special) added
+    tokens, as the real models hold `<tool_response>` (a caller passing them uses an `out` of its own)."""
     from tokenizers import AddedToken, Tokenizer  # lazy: tokenizers loads only for the suite
 
     spec = family_spec(name)
@@ -181,6 +182,8 @@ def family_tokenizer(name: str, shared: Path, out: Path) -> Path:
         return folder
     backend = Tokenizer.from_str(_base_json(str(shared / "tokenizers" / BASE_TOKENIZER)))
     backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in spec.specials])
+    if added:
+        backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in added])
     folder.mkdir(parents=True, exist_ok=True)
     backend.save(str(folder / "tokenizer.json"))
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": spec.bos, "eos_token": spec.eos,
