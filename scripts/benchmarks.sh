@@ -44,3 +44,9 @@ for run in ("sr-cold", "sr-warm"):
     for arm, v in sorted(by_arm.items()):
         print(f"{run} {arm}: n={len(v)} median build_s={statistics.median(v):.3f} max={max(v):.3f}")
 PY
+echo "== side by side with renderers (the bench extra): ids vs apply_chat_template per family, whole episodes turn by turn"
+if python -c "import renderers" 2>/dev/null; then
+    ctxkit bench render --peer renderers --turns 40 --repeats 3
+else
+    echo "skipped: renderers is not installed (pip install -e '.[bench]')"
+fi

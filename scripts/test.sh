@@ -25,6 +25,9 @@ export CTXKIT_VERL="${CTXKIT_VERL:-1}"
 # (their other requirements, pydantic, jsonschema, tiktoken, pillow, requests, are in the test install already).
 pip install -q --no-deps mistral-common==1.13.1 openai-harmony==0.0.8 sentencepiece==0.2.3 \
   pydantic-extra-types==2.11.1 pycountry==26.2.16
+# PrimeIntellect's renderers (the `bench` extra), the peer of tests/benchmarks/test_peer_renderers.py: its other
+# requirements (openai, openai-harmony, tiktoken, jinja2, numpy; pydantic for prime-pydantic-config) are installed above.
+pip install -q --no-deps renderers==0.1.12 prime-pydantic-config==0.4.3
 if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 fi

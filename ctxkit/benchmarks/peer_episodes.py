@@ -22,9 +22,11 @@ the whole history with the generation prompt (untimed).
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 CTXKIT = "ctxkit IncrementalRenderer"
 BRIDGE = "renderers bridge_to_next_turn"
@@ -93,9 +95,15 @@ def tool_suffix(hf: Any, messages: Sequence[dict], eos_id: int | None, name: str
     return long[len(short):]
 
 
-def episode_speed(sides: Any, *, turns: int = 40, repeats: int = 3, seed: int = 0, progress=None) -> EpisodeSpeed:
-    """Time the four arms over the synthetic episode of `turns` turns through `sides` (module docstring)."""
-    from ctxkit.benchmarks.peer_renderers import DATE_STRING, reference_ids  # lazy: sibling, avoids a cycle
+def episode_speed(sides: Any, reference: Callable[[list, Any, bool], list[int]], *, turns: int = 40,
+                  repeats: int = 3, seed: int = 0, template_kwargs: Mapping[str, Any] | None = None,
+                  progress=None) -> EpisodeSpeed:
+    """Time the four arms over the synthetic episode of `turns` turns through `sides`
+    (`peer_renderers.PairSides`; module docstring). `reference(messages, tools, add_generation_prompt)`: the
+    `apply_chat_template` ids every arm is compared with; `template_kwargs`: what else transformers' renders
+    get (TRL's suffix renders too)."""
+    kwargs = dict(template_kwargs or {})
+    # lazy: the benchmark helpers load pins and importers, only when a pair is timed
     from ctxkit.benchmarks.workload import cold_start, encode_only_times, summarize_times
     from ctxkit.text.rendering.renderer import IncrementalRenderer  # lazy: L3 entry point
 
@@ -105,15 +113,15 @@ def episode_speed(sides: Any, *, turns: int = 40, repeats: int = 3, seed: int = 
     try:
         try:
             head, steps, tools = episode(1, tok, tpl, seed)
-            reference_ids(sides, _histories(head, steps)[0], tools, True)
+            reference(_histories(head, steps)[0], tools, True)
             as_text = False
         except Exception:  # noqa: BLE001 - the template wants the arguments as JSON text
             as_text = True
         head, steps, tools = episode(turns, tok, tpl, seed, string_arguments=as_text)
         if as_text:
             errors["note episode"] = "tool-call arguments given as JSON text (the template refuses objects)"
-        refs = [reference_ids(sides, h, tools, True) for h in _histories(head, steps)]
-        first = reference_ids(sides, head, tools, True)
+        refs = [reference(h, tools, True) for h in _histories(head, steps)]
+        first = reference(head, tools, True)
         deltas = _new_texts(tpl, [head] + _histories(head, steps), tools)
     except Exception as exc:  # noqa: BLE001 - an episode a side cannot render is reported, not raised
         return EpisodeSpeed(sides.pair, 0, 0, repeats, errors={"episode": f"{type(exc).__name__}: {exc}"[:300]})
@@ -160,7 +168,7 @@ def episode_speed(sides: Any, *, turns: int = 40, repeats: int = 3, seed: int = 
             calls = assistant[0].get("tool_calls") or [{"function": {"name": "tool"}}]
             t0 = time.perf_counter()
             ids = prev + sampled + tool_suffix(hf, results, eos_id, calls[0]["function"]["name"], tools=tools,
-                                               date_string=DATE_STRING, chat_template=concat_template)
+                                               chat_template=concat_template, **kwargs)
             times.append(time.perf_counter() - t0)
             record.append(ids)
             prev = ids
@@ -217,7 +225,6 @@ def episode(turns: int, tok: Any, tpl: Any, seed: int = 0, string_arguments: boo
     result], sampled ids)`; the arguments stay objects (GLM's template iterates them) unless
     `string_arguments` (JSON text: DeepSeek's template concatenates them), each tool result names its tool,
     and the sampled ids are ctxkit's `encode_assistant_turn` of the assistant message."""
-    import json
 
     from ctxkit.benchmarks.synthetic_episode import build_episode  # lazy: the render benchmark's episode
     from ctxkit.text.rendering.renderer import encode_assistant_turn  # lazy: L3 entry point
@@ -245,8 +252,6 @@ def _histories(head: list, steps: Sequence[tuple]) -> list[list[dict]]:
 def _new_texts(tpl: Any, histories: Sequence[list], tools) -> list[str]:
     """Per turn, the rendered text (generation prompt added) after its common prefix with the previous
     prompt's: what a renderer must newly tokenize (computed untimed; the first history is the first prompt)."""
-    import os
-
     texts = [tpl.render_text(h, tools=tools, add_generation_prompt=True) for h in histories]
     return [b[len(os.path.commonprefix([a, b])):] for a, b in zip(texts, texts[1:])]
 
@@ -256,6 +261,7 @@ def trl_template(hf: Any) -> tuple[str | None, str | None]:
     or, where that is not prefix-preserving, `trl.chat_template_utils.get_training_chat_template`'s
     replacement (as the trainer does at start); note says which when it is replaced or trl is missing."""
     try:
+        # lazy: trl is optional (the train extra) and heavy
         from trl.chat_template_utils import get_training_chat_template, is_chat_template_prefix_preserving
     except ImportError:
         return None, "trl is not installed: the stock template is used"

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -269,7 +270,8 @@ def generated_cases(family: str) -> list[Case]:
 def trajectory_cases(folder: str | Path, episodes: int = TRAJECTORY_EPISODES, progress=None) -> list[Case]:
     """The whole history of the first `episodes` episodes of `trajectories_bench.spread` in every file of
     `folder` (files no importer reads yet are skipped, said through `progress`); no generation prompt."""
-    from ctxkit.benchmarks.trajectories_bench import skipped_files, spread, trajectory_files  # lazy
+    # lazy: the trajectory helpers import the compressors' benchmark
+    from ctxkit.benchmarks.trajectories_bench import skipped_files, spread, trajectory_files
     from ctxkit.benchmarks.workload import episode_workloads  # lazy: reads the files
     from ctxkit.log.importers import read_episodes  # lazy: L2 importers
     from ctxkit.text.template.chat_template import load_template  # lazy: L2 entry point
@@ -349,8 +351,6 @@ def correctness_table(rows: Sequence[CorrectnessRow]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m ctxkit.benchmarks.peer_renderers`: both tables (correctness, then whole-episode speed)."""
-    import tempfile
-
     from ctxkit.benchmarks import peer_episodes  # lazy: the speed half
     from ctxkit.benchmarks.machine_load import LoadMeter  # lazy: the load beside the timings
     from ctxkit.text.tokenizer.loader import shared_dir  # lazy: L1
@@ -381,8 +381,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             sides = load_sides(pair, shared, Path(root))
             rows.append(correctness(sides, trajs))
             if not args.no_speed:
-                speeds.append(peer_episodes.episode_speed(sides, turns=args.turns, repeats=args.repeats,
-                                                          progress=say))
+                def ref(messages, tools, agp, sides=sides):
+                    return reference_ids(sides, messages, tools, agp)
+
+                speeds.append(peer_episodes.episode_speed(sides, ref, turns=args.turns, repeats=args.repeats,
+                                                          template_kwargs={"date_string": DATE_STRING}, progress=say))
     print(correctness_table(rows))
     if speeds:
         print()

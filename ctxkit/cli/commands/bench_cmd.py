@@ -18,11 +18,19 @@ def register_bench(subparsers) -> None:
         description="Replay an episode turn by turn and time ctxkit's incremental render, "
                     "apply_chat_template(tokenize=True) re-rendered every turn, and encoding only the new text: "
                     "whole-episode totals, ratios, p50/p90/p99/max per turn; ids compared at every turn.")
-    render.add_argument("--turns", type=positive_int, default=200, help="turns in the episode (default 200)")
+    render.add_argument("--turns", type=positive_int, default=None,
+                        help="turns in the episode (default 200; 40 with --peer)")
     add_render_options(render, purpose="render with", default="shared qwen2.5-instruct")
     render.add_argument("--repeats", type=positive_int, default=3, help="repeats; per-turn medians (default 3)")
     _episode_args(render)
     render.add_argument("--json", action="store_true", help="print the figures as JSON")
+    render.add_argument("--peer", choices=["renderers"], default=None,
+                        help="side by side with PrimeIntellect's renderers (the bench extra) on every family both "
+                             "support: ids vs apply_chat_template on generated conversations and ../shared/trajectories, "
+                             "and whole episodes turn by turn vs its bridge, TRL's GRPO concatenation and encode-only "
+                             "(ctxkit.benchmarks.peer_renderers; --turns, --repeats apply)")
+    render.add_argument("--families", default=None,
+                        help="with --peer: comma-separated renderers or TRL template names (default: all)")
     render.set_defaults(func=_render)
     build = sub.add_parser(
         "build", help="context building with each compressor over a long episode",
@@ -120,6 +128,13 @@ def _render(args: argparse.Namespace) -> int:
     from ctxkit.benchmarks.bench_tables import render_table  # lazy: per command: keeps `ctxkit --help` fast
     from ctxkit.benchmarks.render_bench import run_workload  # lazy: per command: keeps `ctxkit --help` fast
 
+    if args.peer:
+        from ctxkit.benchmarks import peer_renderers  # lazy: per command: keeps `ctxkit --help` fast
+
+        argv = ["--turns", str(args.turns or 40), "--repeats", str(args.repeats)]
+        return peer_renderers.main(argv + (["--families", args.families] if args.families else []))
+    if args.turns is None:
+        args.turns = 200
     tok, tpl = _setup(args)
     results = [run_workload(tok, tpl, wl, repeats=args.repeats, progress=_progress(args))
                for wl in _workloads(args, tok, tpl)]

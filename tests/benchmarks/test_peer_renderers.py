@@ -1,0 +1,104 @@
+"""The side-by-side benchmark with PrimeIntellect's `renderers`: family mapping, mismatch counting, skips.
+
+No timings are checked (speed is the benchmark's output, never a test)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from conftest import require_module, shared_path, tokenizer_dir
+
+from ctxkit.benchmarks import peer_renderers as pr
+from ctxkit.benchmarks.template_families import FAMILIES
+from ctxkit.errors import ConfigError
+
+
+def test_every_pair_is_a_trl_stock_template_and_names_its_renderer():
+    got = pr.pairs()
+    assert len(got) == 22
+    assert {p.family for p in got} - {pr.SHARED_QWEN3} <= set(FAMILIES)
+    assert set(pr.PEER_TOKENS) <= {p.family for p in got}
+    assert pr.pairs(["qwen3"]) == [pr.PeerPair("qwen3", pr.SHARED_QWEN3), pr.PeerPair("qwen3", "qwen3")]
+    assert pr.pairs(["glm4moe", "llama-3"]) == [pr.PeerPair("glm-4.5", "glm4moe"), pr.PeerPair("llama-3", "llama3"),
+                                                pr.PeerPair("llama-3", "llama3_1"), pr.PeerPair("llama-3", "llama3_2")]
+    assert pr.spec_of(pr.SHARED_QWEN3) == FAMILIES["qwen3"]
+    assert "gpt-oss" in pr.NOT_COMPARED and "gpt-oss" not in pr.PEER_FAMILIES
+
+
+def test_an_unknown_family_is_refused_by_name():
+    with pytest.raises(ConfigError, match="--families: nope not among the pairs"):
+        pr.pairs(["qwen3", "nope"])
+
+
+def test_every_mapped_name_is_in_the_renderers_registry():
+    require_module("renderers")
+    from renderers.configs import config_from_name
+
+    for name in pr.PEER_FAMILIES:
+        assert config_from_name(name).name == name
+
+
+def test_missing_renderers_is_a_config_error_naming_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "renderers", None)  # what an environment without the package imports
+    with pytest.raises(ConfigError, match=r"renderers==0\.1\.12 \(pip install -e '\.\[bench\]'\)"):
+        pr.require_renderers()
+
+
+def test_count_mismatches_counts_differing_refused_and_reference_refused_cases():
+    from transformers import AutoTokenizer
+
+    from ctxkit.text.rendering.renderer import render
+    from ctxkit.text.tokenizer.loader import load_tokenizer
+
+    folder = str(tokenizer_dir("qwen2.5-instruct"))
+    tok, hf = load_tokenizer(folder), AutoTokenizer.from_pretrained(folder)
+    chat = ({"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."})
+    cases = [pr.Case("chat", chat, None, False), pr.Case("chat+gp", chat + ({"role": "user", "content": "2+2?"},), None,
+                                                          True),
+             pr.Case("reference refuses", chat, None, False)]
+
+    def reference(c):
+        if c.name == "reference refuses":
+            raise ValueError("refused")
+        return hf.apply_chat_template(list(c.messages), tokenize=True, add_generation_prompt=c.add_generation_prompt,
+                                      return_dict=False)
+
+    def ctxkit(c):
+        return render(list(c.messages), tok, add_generation_prompt=c.add_generation_prompt).token_ids
+
+    def without_last(c):
+        return reference(c)[:-1]
+
+    def refuses_gp(c):
+        if c.add_generation_prompt:
+            raise KeyError("no generation prompt")
+        return reference(c)
+
+    got = pr.count_mismatches(cases, reference, {"ctxkit": ctxkit, "short": without_last, "no gp": refuses_gp})
+    assert got["ctxkit"] == pr.SideCount("ctxkit", 2, 0, 0, 1)
+    assert got["short"] == pr.SideCount("short", 2, 2, 0, 1, ("chat", "chat+gp"))
+    assert got["no gp"] == pr.SideCount("no gp", 2, 0, 1, 1, (), ("chat+gp: KeyError: 'no generation prompt'",))
+
+
+def test_deepseek_v3_generated_conversations_ctxkit_equal_renderers_differs_with_the_generation_prompt(tmp_path):
+    require_module("renderers")
+    require_module("trl")
+    sides = pr.load_sides(pr.PeerPair("deepseek-v3", "deepseekv3"), shared_path(), tmp_path)
+    row = pr.correctness(sides, [])
+    assert row.peer_error is None
+    assert row.generated["ctxkit"] == pr.SideCount("ctxkit", 6, 0, 0, 4)
+    assert row.generated[pr.PEER] == pr.SideCount(pr.PEER, 6, 3, 0, 4, ("chat+gp", "no-system+gp", "reasoning+gp"))
+    assert row.trajectories["ctxkit"] == pr.SideCount("ctxkit", 0, 0, 0, 0)
+
+
+def test_the_command_prints_the_correctness_table_for_one_family(capsys):
+    require_module("renderers")
+    require_module("trl")
+    shared_path("tokenizers", "qwen2.5-instruct")
+    assert pr.main(["--families", "glm4moe", "--episodes", "0", "--no-speed"]) == 0
+    out = capsys.readouterr().out
+    assert "not compared: gpt-oss:" in out
+    row = next(line for line in out.splitlines() if line.startswith("glm-4.5"))
+    assert row.split() == ["glm-4.5", "glm4moe", "0/10", "2/10", "0/0", "0/0", "0/0"]
+    assert "glm4moe renderers gen differ: tools, tools+gp" in out
