@@ -78,6 +78,8 @@ DATE = datetime(2024, 7, 26, 12)
 """The date every side renders with (`renderers`' Llama 3 default `date_string`)."""
 DATE_STRING = "26 Jul 2024"
 """`DATE` as the Llama 3 templates print it."""
+LISTED = 4
+"""Differing case names listed per pair, side and source (the rest are counted)."""
 TRAJECTORY_EPISODES = 2
 """Episodes per trajectory file in the correctness count (the first ones of `trajectories_bench.spread`)."""
 
@@ -341,11 +343,12 @@ def correctness_table(rows: Sequence[CorrectnessRow]) -> str:
         for where, counts in (("gen", r.generated), ("traj", r.trajectories)):
             for side, c in counts.items():
                 if c.differing:
-                    out.append(f"  {r.pair.family} {side} {where} differ: {', '.join(c.differing)}")
-                for msg in c.refusals[:3]:
+                    more = f" and {len(c.differing) - LISTED} more" if len(c.differing) > LISTED else ""
+                    out.append(f"  {r.pair.family} {side} {where} differ: {', '.join(c.differing[:LISTED])}{more}")
+                for msg in c.refusals[:1]:
                     out.append(f"  {r.pair.family} {side} {where} refused {msg}")
-                if len(c.refusals) > 3:
-                    out.append(f"  {r.pair.family} {side} {where} refused: {len(c.refusals) - 3} more")
+                if len(c.refusals) > 1:
+                    out.append(f"  {r.pair.family} {side} {where} refused: {len(c.refusals) - 1} more")
     return "\n".join(out)
 
 
