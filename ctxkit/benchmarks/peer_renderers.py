@@ -53,7 +53,12 @@ PEER_FAMILIES: dict[str, tuple[str, ...]] = {
     "nemotron-3-ultra": ("nemotron_3_ultra",),
     "nemotron-3.5": ("nemotron_3_5_lightning",),
 }
-"""`renderers`' registry name -> TRL stock templates (or `SHARED_QWEN3`) of the same family."""
+"""`renderers`' registry name -> TRL stock templates (or `SHARED_QWEN3`) of the same family. TRL keeps
+several revisions of some families, and `renderers` hand-codes one: where the revision differs (TRL's
+`llama3` is Llama 3.0, without the 3.1 knowledge-date system block; `deepseek_r1_distill` drops tool calls
+that DeepSeek-R1's template writes; TRL's `deepseekv3` opens `<think>` at the generation prompt; Gemma 4's
+v1-v4 revisions format reasoning and tool results otherwise than v5), `renderers`' differences measure
+that it does not render that revision, not a defect on the one it targets."""
 
 _TOOL_RESPONSE = ("<tool_response>", "</tool_response>")
 PEER_TOKENS: dict[str, tuple[str, ...]] = {
