@@ -102,3 +102,37 @@ def test_the_command_prints_the_correctness_table_for_one_family(capsys):
     row = next(line for line in out.splitlines() if line.startswith("glm-4.5"))
     assert row.split() == ["glm-4.5", "glm4moe", "0/10", "2/10", "0/0", "0/0", "0/0"]
     assert "glm4moe renderers gen differ: tools, tools+gp" in out
+
+
+def test_whole_episode_arms_keep_the_sampled_ids_where_qwen3_rewrites_its_history(tmp_path):
+    require_module("renderers")
+    require_module("trl")
+    from ctxkit.benchmarks import peer_episodes as pe
+
+    sides = pr.load_sides(pr.PeerPair("qwen3", pr.SHARED_QWEN3), shared_path(), tmp_path)
+
+    def ref(messages, tools, agp):
+        return pr.reference_ids(sides, messages, tools, agp)
+
+    got = pe.episode_speed(sides, ref, turns=3, repeats=1, template_kwargs={"date_string": pr.DATE_STRING})
+    assert [a.name for a in got.arms] == list(pe.ARMS)
+    assert got.turns == 3 and got.repeats == 1
+    assert got.errors == {"note " + pe.CONCAT: "TRL's prefix-preserving training template (the stock one is not)"}
+    by = {a.name: a for a in got.arms}
+    # Qwen3 drops the empty think block of earlier turns when it re-renders; every arm keeps the sampled ids
+    for arm in (pe.CTXKIT, pe.BRIDGE, pe.CONCAT):
+        assert (by[arm].turns_equal, by[arm].turns_extending, by[arm].turns_as_ctxkit) == (0, 3, 3), arm
+    assert by[pe.BRIDGE].fallbacks == 0
+    assert (by[pe.FLOOR].turns_equal, by[pe.FLOOR].turns_extending) == (None, None)
+    table = pe.speed_table([got])
+    assert "shared:qwen3  renderers bridge_to_next_turn" in table and "0/3      3/3       3/3          0" in table
+
+
+def test_tool_suffix_is_what_the_tool_message_adds_after_the_end_of_turn():
+    from transformers import AutoTokenizer
+
+    from ctxkit.benchmarks import peer_episodes as pe
+
+    hf = AutoTokenizer.from_pretrained(str(tokenizer_dir("qwen2.5-instruct")))
+    suffix = pe.tool_suffix(hf, [{"role": "tool", "content": "ok"}], hf.eos_token_id, "read")
+    assert hf.decode(suffix) == "\n<|im_start|>user\n<tool_response>\nok\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
