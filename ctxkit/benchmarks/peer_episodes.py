@@ -75,7 +75,9 @@ class EpisodeSpeed:
     arms: list[ArmSpeed] = field(default_factory=list)
     """Per arm (those that ran)."""
     errors: dict[str, str] = field(default_factory=dict)
-    """Arm (or `episode`) -> why it did not run."""
+    """Arm (or `episode`) -> why it did not run; `note <arm>` keys say how an arm ran."""
+    episode: str = "synthetic"
+    """`synthetic` or the workload's name."""
 
 
 def tool_suffix(hf: Any, messages: Sequence[dict], eos_id: int | None, name: str = "tool", **kwargs: Any) -> list[int]:
@@ -97,11 +99,12 @@ def tool_suffix(hf: Any, messages: Sequence[dict], eos_id: int | None, name: str
 
 def episode_speed(sides: Any, reference: Callable[[list, Any, bool], list[int]], *, turns: int = 40,
                   repeats: int = 3, seed: int = 0, template_kwargs: Mapping[str, Any] | None = None,
-                  progress=None) -> EpisodeSpeed:
+                  source: Any = None, progress=None) -> EpisodeSpeed:
     """Time the four arms over the synthetic episode of `turns` turns through `sides`
     (`peer_renderers.PairSides`; module docstring). `reference(messages, tools, add_generation_prompt)`: the
     `apply_chat_template` ids every arm is compared with; `template_kwargs`: what else transformers' renders
-    get (TRL's suffix renders too)."""
+    get (TRL's suffix renders too). `source`: a `workload.Workload` (a real episode, its assistant turns made
+    into offline steps through this pair's tokenizer) timed instead of the synthetic episode."""
     kwargs = dict(template_kwargs or {})
     # lazy: the benchmark helpers load pins and importers, only when a pair is timed
     from ctxkit.benchmarks.workload import cold_start, encode_only_times, summarize_times
@@ -110,21 +113,21 @@ def episode_speed(sides: Any, reference: Callable[[list, Any, bool], list[int]],
     say = progress or (lambda msg: None)
     tok, tpl, hf, peer = sides.tok, sides.tpl, sides.hf, sides.peer
     errors: dict[str, str] = {}
+    episode_name = "synthetic" if source is None else source.name
     try:
-        try:
-            head, steps, tools = episode(1, tok, tpl, seed)
-            reference(_histories(head, steps)[0], tools, True)
-            as_text = False
-        except Exception:  # noqa: BLE001 - the template wants the arguments as JSON text
-            as_text = True
-        head, steps, tools = episode(turns, tok, tpl, seed, string_arguments=as_text)
+        if source is not None:
+            head, steps, tools = workload_episode(source)
+            as_text = None
+        else:
+            head, steps, tools, as_text = _synthetic(turns, tok, tpl, seed, reference)
         if as_text:
             errors["note episode"] = "tool-call arguments given as JSON text (the template refuses objects)"
         refs = [reference(h, tools, True) for h in _histories(head, steps)]
         first = reference(head, tools, True)
         deltas = _new_texts(tpl, [head] + _histories(head, steps), tools)
     except Exception as exc:  # noqa: BLE001 - an episode a side cannot render is reported, not raised
-        return EpisodeSpeed(sides.pair, 0, 0, repeats, errors={"episode": f"{type(exc).__name__}: {exc}"[:300]})
+        return EpisodeSpeed(sides.pair, 0, 0, repeats, errors={"episode": f"{type(exc).__name__}: {exc}"[:300]},
+                            episode=episode_name)
     eos_id = hf.eos_token_id
     concat_template, concat_note = trl_template(hf)
     if concat_note:
@@ -220,7 +223,7 @@ def episode_speed(sides: Any, reference: Callable[[list, Any, bool], list[int]],
             sum(a == b for a, b in zip(got, refs)), ext, None if mine is None else sum(a == b for a, b in zip(got, mine)))
         arms.append(ArmSpeed(name, t, t.total_s / floor if floor else float("inf"),
                              t.total_s / ck if ck else float("inf"), *counts, fallbacks.get(name, 0)))
-    return EpisodeSpeed(sides.pair, len(steps), len(refs[-1]) if refs else 0, repeats, arms, errors)
+    return EpisodeSpeed(sides.pair, len(steps), len(refs[-1]) if refs else 0, repeats, arms, errors, episode_name)
 
 
 def episode(turns: int, tok: Any, tpl: Any, seed: int = 0, string_arguments: bool = False
@@ -243,6 +246,24 @@ def episode(turns: int, tok: Any, tpl: Any, seed: int = 0, string_arguments: boo
         result = dict(result, name=assistant["tool_calls"][0]["function"]["name"])
         steps.append(([assistant], [result], list(encode_assistant_turn(assistant, tok, tpl, tools))))
     return head, steps, tools
+
+
+def _synthetic(turns: int, tok: Any, tpl: Any, seed: int, reference) -> tuple[list, list, list, bool]:
+    """`episode(...)` with object arguments, or JSON-text ones where the template refuses objects."""
+    try:
+        head, steps, tools = episode(1, tok, tpl, seed)
+        reference(_histories(head, steps)[0], tools, True)
+        as_text = False
+    except Exception:  # noqa: BLE001 - the template wants the arguments as JSON text
+        as_text = True
+    return (*episode(turns, tok, tpl, seed, string_arguments=as_text), as_text)
+
+
+def workload_episode(wl: Any) -> tuple[list[dict], list[tuple], list[dict] | None]:
+    """`(head, steps, tools)` of a `workload.Workload`: per turn the assistant message, the messages up to
+    the next turn, and the step's sampled ids."""
+    steps = [(wl.chats(t[:1]), wl.chats(t[1:]), list(t[0].token_ids)) for t in wl.turns]
+    return wl.chats(wl.head), steps, wl.tools_or_none
 
 
 def _histories(head: list, steps: Sequence[tuple]) -> list[list[dict]]:
@@ -296,8 +317,9 @@ def speed_table(results: Sequence[EpisodeSpeed]) -> str:
             notes.append(f"  {r.pair.family} {arm[5:]}: {why}" if arm.startswith("note ")
                          else f"  {r.pair.family} {arm}: not run: {why}")
     turns = sorted({r.turns for r in results if r.turns})
+    names = sorted({r.episode for r in results})
     reps = sorted({r.repeats for r in results})
-    title = (f"whole episodes rendered turn by turn (synthetic, {'/'.join(map(str, turns)) or '-'} turns, per-turn "
+    title = (f"whole episodes rendered turn by turn ({', '.join(names)}, {'/'.join(map(str, turns)) or '-'} turns, per-turn "
              f"medians of {'/'.join(map(str, reps))} repeats; vs ctxkit above 1: ctxkit faster)")
     return "\n".join([title, table(header, cells, left=(0, 1)), *notes])
 

@@ -29,7 +29,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from ctxkit.errors import ConfigError
+from ctxkit.errors import ConfigError, CtxkitError
 
 PEER = "renderers"
 """The peer package (PyPI name and import name)."""
@@ -357,6 +357,15 @@ def correctness_table(rows: Sequence[CorrectnessRow]) -> str:
     return "\n".join(out)
 
 
+def _source(args, sides: PairSides):
+    """The workload `--episode` names, cut through this pair's tokenizer (None: the synthetic episode)."""
+    if args.episode is None:
+        return None
+    from ctxkit.benchmarks.workload import episode_workloads  # lazy: reads the file
+
+    return episode_workloads(args.episode, sides.tok, sides.tpl, select=args.select or "0")[0]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m ctxkit.benchmarks.peer_renderers`: both tables (correctness, then whole-episode speed)."""
     from ctxkit.benchmarks import peer_episodes  # lazy: the speed half
@@ -370,6 +379,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--trajectories", default=None, help="folder (default <shared>/trajectories)")
     ap.add_argument("--episodes", type=int, default=TRAJECTORY_EPISODES, help=f"episodes per trajectory file (default {TRAJECTORY_EPISODES}; 0: none)")
     ap.add_argument("--no-speed", action="store_true", help="correctness only")
+    ap.add_argument("--episode", default=None, metavar="FILE",
+                    help="time this conversation or trajectory file's first episode (or --select's) instead of the "
+                         "synthetic one")
+    ap.add_argument("--select", default=None, help="the episode of --episode to time (id or index)")
     args = ap.parse_args(argv)
     rd = require_renderers()
     shared = shared_dir()
@@ -392,8 +405,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 def ref(messages, tools, agp, sides=sides):
                     return reference_ids(sides, messages, tools, agp)
 
+                try:
+                    source = _source(args, sides)
+                except CtxkitError as exc:  # ctxkit cannot cut the episode through this template: said, not raised
+                    speeds.append(peer_episodes.EpisodeSpeed(pair, 0, 0, args.repeats, errors={
+                        "episode": f"{type(exc).__name__}: {exc}"[:300]}, episode=Path(args.episode).name))
+                    continue
                 speeds.append(peer_episodes.episode_speed(sides, ref, turns=args.turns, repeats=args.repeats,
-                                                          template_kwargs={"date_string": DATE_STRING}, progress=say))
+                                                          template_kwargs={"date_string": DATE_STRING},
+                                                          source=source, progress=say))
     print(correctness_table(rows))
     if speeds:
         print()
