@@ -136,3 +136,24 @@ def test_tool_suffix_is_what_the_tool_message_adds_after_the_end_of_turn():
     hf = AutoTokenizer.from_pretrained(str(tokenizer_dir("qwen2.5-instruct")))
     suffix = pe.tool_suffix(hf, [{"role": "tool", "content": "ok"}], hf.eos_token_id, "read")
     assert hf.decode(suffix) == "\n<|im_start|>user\n<tool_response>\nok\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_a_real_episode_is_timed_through_the_pair_s_tokenizer(tmp_path):
+    require_module("renderers")
+    require_module("trl")
+    from ctxkit.benchmarks import peer_episodes as pe
+    from ctxkit.benchmarks.workload import episode_workloads
+
+    sides = pr.load_sides(pr.PeerPair("llama-3", "llama3_1"), shared_path(), tmp_path)
+    path = shared_path("trajectories", "sweagent__pydicom-1458.traj")
+    wl = episode_workloads(str(path), sides.tok, sides.tpl, select="0")[0]
+
+    def ref(messages, tools, agp):
+        return pr.reference_ids(sides, messages, tools, agp)
+
+    got = pe.episode_speed(sides, ref, repeats=1, template_kwargs={"date_string": pr.DATE_STRING}, source=wl)
+    assert (got.episode, got.turns, got.errors) == ("sweagent__pydicom-1458.traj#sweagent__pydicom-1458", 12, {})
+    by = {a.name: a for a in got.arms}
+    assert (by[pe.CTXKIT].turns_equal, by[pe.CTXKIT].turns_extending) == (12, 12)
+    assert (by[pe.CONCAT].turns_equal, by[pe.CONCAT].turns_extending) == (12, 12)
+    assert (by[pe.BRIDGE].turns_equal, by[pe.BRIDGE].fallbacks) == (11, 1)
