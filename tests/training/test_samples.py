@@ -16,7 +16,7 @@ from ctxkit.events import Compaction, EpisodeEnd, EpisodeStart, Message, Step
 from ctxkit.log.event_log import EventLog
 from ctxkit.training.context_replay import replay
 from ctxkit.training.rl_math import masked_mean
-from ctxkit.training.episode_samples import samples
+from ctxkit.training.episode_samples import samples, split_statistics
 
 
 def qwen() -> str:
@@ -99,6 +99,11 @@ def test_compaction_starts_a_new_sample_whose_prompt_is_that_context(tmp_path):
     assert split.token_ids[: split.prompt_len] == replay(log, step=steps.index(first_after)).token_ids
     assert split.prefix_sample == 0 and split.prefix_len > 0  # the system prompt and task are shared, stored once
     assert [s.is_final for s in out] == [False] * (len(out) - 1) + [True]
+    # every split follows a recorded compaction, and says so
+    assert out[0].split_reason == "" and {s.split_reason for s in out[1:]} == {"compaction"}
+    stats = split_statistics(out)
+    assert stats["splits"] == len(out) - 1 and stats["splits_by_reason"]["compaction"] == len(out) - 1
+    assert sum(stats["splits_by_reason"].values()) == stats["splits"] and stats["samples"] == len(out)
     check_faithful(log, out)
 
 
@@ -121,6 +126,7 @@ def test_history_rewriting_template_splits_samples(tmp_path):
     out = samples(log)
     assert len(out) == 2
     assert out[1].prefix_sample == 0 and out[1].prefix_len == 2  # "<s>[INST]" is all the two contexts share
+    assert [s.split_reason for s in out] == ["", "template_rewrite"]  # the moved system prompt, no sampled token
     assert (out[1].reward, out[1].reward_kind, out[1].outcome, out[1].cause) == (None, "limit_truncation", "truncated", "max_steps")
     check_faithful(log, out)
 
