@@ -123,15 +123,16 @@ def classify(old: Sequence[int], new: Sequence[int], tokenizer: Any, *, old_mask
         while i2 > i1 and j2 > j1 and old[i2 - 1] == new[j2 - 1]:
             i2, j2 = i2 - 1, j2 - 1
     decode = tokenizer.decode
-    removed, inserted = decode(old[i1:i2]), decode(new[j1:j2])
-    if removed == inserted:
+    # runs decoded after what precedes them (a SentencePiece decoder writes a leading space otherwise)
+    before, old_to, new_before, new_to = decode(old[:i1]), decode(old[:i2]), decode(new[:j1]), decode(new[:j2])
+    if old_to == new_to:
         specials = set(tokenizer.special_tokens.values())
         mine, theirs = [t for t in old[i1:i2] if t in specials], [t for t in new[j1:j2] if t in specials]
         return "special_token_escape" if mine != theirs else "bpe_merge"
-    before = decode(old[:i1])
+    removed = old_to[len(before):] if old_to.startswith(before) else decode(old[i1:i2])
+    inserted = new_to[len(new_before):] if new_to.startswith(new_before) else decode(new[j1:j2])
     at = len(before)
-    old_text = before + removed + decode(old[i2:])
-    new_text = decode(new[:j1]) + inserted + decode(new[j2:])
+    old_text, new_text = decode(old), decode(new)
     if _inside(old_text, at, REASONING_BLOCKS) or _inside(new_text, at, REASONING_BLOCKS) or \
             _mentions(removed, REASONING_BLOCKS, True) or _mentions(inserted, REASONING_BLOCKS, True):
         return "thinking_stripped"
