@@ -78,6 +78,12 @@ class ThinkingRow:
     """`history="template"` split reasons, `reason n` joined."""
     sampled_splits: int
     """Sample splits with ctxkit's default `history="sampled"`."""
+    sampled_reasons: str
+    """Their reasons, `reason n` joined (a template that rewrites prompt tokens, e.g. a prefilled `<think>`
+    it drops from history, splits even when every sampled id is kept)."""
+    full_mismatch: int
+    """Episodes where a `history="template"` context differs from the full render although every turn
+    before it was sampled as the template writes it (0 expected: token-exact)."""
     drift_reasons: str
     """Drifts of `history="sampled"` by reason (each once per episode)."""
     keep: str
@@ -119,15 +125,16 @@ def thinking_episodes(n_episodes: int, n_turns: int, tools: bool) -> list[list[d
     return out
 
 
-def _sampled_text(template: Any, profile: Any, msgs: list[dict], k: int, tools: Any) -> str:
-    """The text the policy writes for assistant message `k`: what the full render of `msgs[:k + 1]` writes
-    after the render of `msgs[:k]` with the generation prompt, cut after its last turn closer."""
-    prompt = template.render_text(msgs[:k], tools=tools, add_generation_prompt=True)
-    full = template.render_text(msgs[: k + 1], tools=tools)
+def _sampled_text(tok: Any, template: Any, profile: Any, msgs: list[dict], k: int, tools: Any) -> str:
+    """The text the policy writes for assistant message `k`: the tokens the full render of `msgs[:k + 1]`
+    writes after those it shares with the render of `msgs[:k]` with the generation prompt (a prefilled
+    `<think>` stays in the prompt), cut after its last turn closer."""
+    prompt = tok.encode(template.render_text(msgs[:k], tools=tools, add_generation_prompt=True))
+    full = tok.encode(template.render_text(msgs[: k + 1], tools=tools))
     p = 0
     while p < min(len(prompt), len(full)) and prompt[p] == full[p]:
         p += 1
-    text = full[p:]
+    text = tok.decode(full[p:])
     closers = [c for c in (profile.turn_closers or (profile.end_of_turn,)) if c]
     end = max((text.rfind(c) + len(c) for c in closers if c in text), default=len(text))
     return text[:end]
@@ -178,9 +185,9 @@ def measure_episode(tok: Any, template: Any, msgs: list[dict], tools: Any, histo
 
     profile = template_profile(tok, template)
     at = [k for k, m in enumerate(msgs) if m["role"] == "assistant"]
-    texts = [_sampled_text(template, profile, msgs, k, tools) for k in at]
+    texts = [_sampled_text(tok, template, profile, msgs, k, tools) for k in at]
     canon = [tok.encode(t) for t in texts]
-    sampled = [_bpe_variant(tok, ids) if n % 3 == 2 else ids for n, ids in enumerate(canon)]
+    sampled = [_bpe_variant(tok, ids) if n % 3 == 0 else ids for n, ids in enumerate(canon)]
     full = [template.render_text(msgs[:k], tools=tools, add_generation_prompt=True) for k in at]
     real = {n + 1 for n in range(len(at) - 1) if not full[n + 1].startswith(full[n] + texts[n])}
     naive = _split_positions([tok.encode(f) for f in full], sampled, tok)
@@ -222,6 +229,7 @@ def family_thinking_row(family: str, shared: Path, root: Path, n_episodes: int, 
     c: Counter = Counter()
     reasons: Counter = Counter()
     drifts: Counter = Counter()
+    sampled_reasons: Counter = Counter()
     refused, error, done = 0, "", 0
     for msgs in thinking_episodes(n_episodes, n_turns, spec.tools):
         try:
@@ -243,6 +251,7 @@ def family_thinking_row(family: str, shared: Path, root: Path, n_episodes: int, 
         c["sampled"] += len(got["sampled"])
         c["unequal_full"] += not got["equal_full"]
         reasons.update(tpl.values())
+        sampled_reasons.update(got["sampled"].values())
         drifts.update(got["sampled_drifts"])
         if kept is not None:
             c["keep_real"] += len(kept["real"])
@@ -254,7 +263,8 @@ def family_thinking_row(family: str, shared: Path, root: Path, n_episodes: int, 
         family=family, episodes=done, transitions=c["transitions"], real_rewrites=c["real"],
         naive_splits=c["naive"], naive_false=c["naive_false"], template_splits=c["template"],
         template_false=c["template_false"], template_missed=c["template_missed"], split_reasons=joined(reasons),
-        sampled_splits=c["sampled"], drift_reasons=joined(drifts),
+        sampled_splits=c["sampled"], sampled_reasons=joined(sampled_reasons), full_mismatch=c["unequal_full"],
+        drift_reasons=joined(drifts),
         keep=",".join(f"{k}={v}" for k, v in kwargs.items()) if kwargs else "-",
         keep_rewrites=c["keep_real"] if keep is not None else None,
         keep_splits=c["keep_splits"] if keep is not None else None,
@@ -264,14 +274,17 @@ def family_thinking_row(family: str, shared: Path, root: Path, n_episodes: int, 
 def format_table(rows: list[ThinkingRow]) -> str:
     """The rows as a Markdown table."""
     head = ("| family | episodes | transitions | real rewrites | naive splits (false) | ctxkit template-history "
-            "splits (false, missed) | split reasons | ctxkit sampled-history splits | drifts (sampled history) | "
-            "keep-reasoning kwargs | rewrites / splits with them | refused |\n" + "|---" * 12 + "|")
+            "splits (false, missed) | split reasons | ctxkit = full render | ctxkit sampled-history splits | "
+            "drifts (sampled history) | keep-reasoning kwargs | rewrites / splits with them | refused |\n"
+            + "|---" * 13 + "|")
     body = []
     for r in rows:
         keep = "-" if r.keep_rewrites is None else f"{r.keep_rewrites} / {r.keep_splits}"
         body.append(f"| {r.family} | {r.episodes} | {r.transitions} | {r.real_rewrites} | {r.naive_splits} "
                     f"({r.naive_false}) | {r.template_splits} ({r.template_false}, {r.template_missed}) | "
-                    f"{r.split_reasons} | {r.sampled_splits} | {r.drift_reasons} | {r.keep} | {keep} | "
+                    f"{r.split_reasons} | {'yes' if not r.full_mismatch else f'no ({r.full_mismatch})'} | "
+                    f"{r.sampled_splits}{' (' + r.sampled_reasons + ')' if r.sampled_splits else ''} | "
+                    f"{r.drift_reasons} | {r.keep} | {keep} | "
                     f"{r.refused}{' ' + r.error[:80] if r.error else ''} |")
     return "\n".join([head, *body])
 

@@ -72,10 +72,14 @@ _LITERAL_FORM = {"true": "True", "false": "False", "null": "None"}
 
 
 def _inside(text: str, pos: int, blocks: tuple[tuple[str, str], ...]) -> bool:
-    """Whether char `pos` of `text` lies inside an open block (its opener before `pos`, no closer between)."""
+    """Whether char `pos` of `text` lies inside an open block: its opener before `pos` and no closer between,
+    or (a block opened before `text` begins, e.g. a `<think>` the generation prompt prefilled) no opener
+    before `pos` and a closer after it."""
     for opener, closer in blocks:
         at = text.rfind(opener, 0, pos + len(opener))
         if at >= 0 and text.find(closer, at + len(opener), pos) < 0:
+            return True
+        if at < 0 and text.find(closer, pos) >= 0 and text.find(closer, 0, pos) < 0:
             return True
     return False
 
