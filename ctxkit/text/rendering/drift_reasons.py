@@ -71,15 +71,15 @@ _LITERALS = re.compile(r"\b(true|false|null|True|False|None)\b")
 _LITERAL_FORM = {"true": "True", "false": "False", "null": "None"}
 
 
-def _inside(text: str, pos: int, blocks: tuple[tuple[str, str], ...]) -> bool:
+def _inside(text: str, pos: int, blocks: tuple[tuple[str, str], ...], prefilled: bool = False) -> bool:
     """Whether char `pos` of `text` lies inside an open block: its opener before `pos` and no closer between,
-    or (a block opened before `text` begins, e.g. a `<think>` the generation prompt prefilled) no opener
-    before `pos` and a closer after it."""
+    or, with `prefilled` (a block opened before `text` begins, e.g. a `<think>` the generation prompt
+    prefilled), no opener or closer before `pos` and a closer after it."""
     for opener, closer in blocks:
         at = text.rfind(opener, 0, pos + len(opener))
         if at >= 0 and text.find(closer, at + len(opener), pos) < 0:
             return True
-        if at < 0 and text.find(closer, pos) >= 0 and text.find(closer, 0, pos) < 0:
+        if prefilled and at < 0 and text.find(closer, pos) >= 0 and text.find(closer, 0, pos) < 0:
             return True
     return False
 
@@ -137,7 +137,7 @@ def classify(old: Sequence[int], new: Sequence[int], tokenizer: Any, *, old_mask
     inserted = new_to[len(new_before):] if new_to.startswith(new_before) else decode(new[j1:j2])
     at = len(before)
     old_text, new_text = decode(old), decode(new)
-    if _inside(old_text, at, REASONING_BLOCKS) or _inside(new_text, at, REASONING_BLOCKS) or \
+    if _inside(old_text, at, REASONING_BLOCKS, True) or _inside(new_text, at, REASONING_BLOCKS, True) or \
             _mentions(removed, REASONING_BLOCKS, True) or _mentions(inserted, REASONING_BLOCKS, True):
         return "thinking_stripped"
     if _inside(old_text, at, TOOL_CALL_BLOCKS) or _inside(new_text, at, TOOL_CALL_BLOCKS) or \
