@@ -203,7 +203,8 @@ class ContextBuilder:
             tok = load_tokenizer(tokenizer if tokenizer is not None else desc["tokenizer"]["spec"])
             builder = cls(
                 tokenizer=tok,
-                template=recorded_template(desc["template"], tok),
+                template=recorded_template(desc["template"], tok) if desc["template"].get("kwargs")
+                else desc["template"]["spec"],
                 compressor=desc["compressor"],
                 budget=desc["budget"],
                 detect_pins=desc.get("pin_rules") or False,

@@ -203,6 +203,7 @@ def test_thinking_history_modes_split_where_the_template_rewrote(tmp_path, histo
     builder = ContextBuilder(str(tokenizer_dir("qwen3")), budget=4096, history=history)
     log = _thinking_episode(tmp_path / f"{history}.jsonl", builder)
     assert builder.describe().get("history") == (None if history == "sampled" else "template")
+    assert ContextBuilder.from_description(builder.describe()).history == history
     out = samples(log)
     assert [s.split_reason for s in out] == reasons
     check_faithful(log, out)
@@ -228,6 +229,7 @@ def test_keep_reasoning_kwargs_are_recorded_and_replayed(tmp_path):
     builder = ContextBuilder(tok, keep, budget=4096)
     desc = builder.describe()["template"]
     assert desc["kwargs"] == {"preserve_thinking": True} and desc["spec"] is None and desc["id"] == keep.id
+    assert ContextBuilder.from_description(builder.describe(), tokenizer=tok).template.id == keep.id
     log = _thinking_episode(tmp_path / "keep.jsonl", builder)
     out = samples(log)  # the template keeps every turn's reasoning: nothing to split, nothing drifts
     assert [s.split_reason for s in out] == [""] and out[0].template_id == keep.id
