@@ -183,3 +183,29 @@ def test_compaction(qwen25):
     new = tok.encode(tpl.render_text(summary, add_generation_prompt=True))
     assert classify_transition(old, mask, new, tok) == "template_rewrite"  # unrecorded, it looks like a rewrite
     assert classify_transition(old, mask, new, tok, compacted=True) == "compaction"
+
+
+@pytest.fixture(scope="module")
+def gptoss(tmp_path_factory):
+    from ctxkit.benchmarks.template_families import family_tokenizer
+
+    tok = load_tokenizer(str(family_tokenizer("gptoss", shared_path(), tmp_path_factory.mktemp("gptoss"))))
+    return tok, load_template(None, tok)
+
+
+def test_gptoss_analysis_after_a_final_and_its_closer(gptoss):
+    """gpt-oss writes the latest turn as analysis + final ending `<|return|>`; once a user turn follows, the
+    analysis is dropped and the final ends `<|end|>`."""
+    tok, tpl = gptoss
+    chat = [{"role": "user", "content": "Is 17 prime?"},
+            {"role": "assistant", "content": "Yes.", "reasoning_content": "No divisors."}]
+    latest = tpl.render_text(chat)
+    history = tpl.render_text(chat + [{"role": "user", "content": "And 21?"}])
+    opener = "<|start|>user<|message|>Is 17 prime?<|end|><|start|>assistant"
+    sampled = latest[latest.index(opener) + len(opener):]
+    rendered = history[history.index(opener) + len(opener): history.index("<|start|>user<|message|>And 21?")]
+    assert sampled.startswith("<|channel|>analysis<|message|>No divisors.<|end|>") and sampled.endswith("<|return|>")
+    assert rendered == "<|channel|>final<|message|>Yes.<|end|>"
+    assert classify_drift(tok.encode(sampled), tok.encode(rendered), tok) == "thinking_stripped"
+    final = sampled[sampled.index("<|channel|>final"):]  # the final alone: only its closer differs
+    assert classify_drift(tok.encode(final), tok.encode(rendered), tok) == "template_rewrite"

@@ -21,9 +21,11 @@ one (the rendered turn; the next context) and decide from where they first diffe
 - `whitespace_normalized`: the texts differ in whitespace only (a template that strips or trims content);
 - `default_system_prompt`: the difference sits in the system prompt a template writes when no system message
   is given (`template_default_system`), present on one side only;
+- `template_rewrite` (first form): one run of special tokens written as another (gpt-oss ends a final turn
+  with `<|return|>`, the same turn in history with `<|end|>`);
 - `history_edited`: a sampled token's text changed otherwise: the message given as history is not what the
   policy sampled (a scaffold rewrote it);
-- `template_rewrite`: the template wrote an earlier, unsampled part of the conversation otherwise (Mistral
+- `template_rewrite` (second form): the template wrote an earlier, unsampled part of the conversation otherwise (Mistral
   moves its system prompt to the last user turn);
 - `unexplained`: none of the above could be decided (no loss mask given to tell sampled from rendered
   tokens, or no tokenizer to decode with). A `Drift` made without a reason has this one.
@@ -31,8 +33,8 @@ one (the rendered turn; the next context) and decide from where they first diffe
 The checks run in that order; the first that holds is the reason. They cover the cases PrimeIntellect's
 `renderers` lists for a turn that cannot extend the previous one (BPE retokenization drift, tool-call
 re-formatting, the boolean round trip, max-length truncation, scaffold-level history rewriting, reasoning
-dropped by the thinking-retention policy). Imports L0 only; the tokenizer is passed in (`decode`,
-`special_tokens`, `bos_token`).
+dropped by the thinking-retention policy). Imports L0 only (`ctxkit.errors`); the tokenizer is passed in
+(`decode`, `special_tokens`, `bos_token`).
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ from __future__ import annotations
 import difflib
 import re
 from typing import Any, Mapping, Sequence
+
+from ctxkit.errors import CtxkitError
 
 DRIFT_REASONS: tuple[str, ...] = (
     "compaction", "bos_duplication", "context_truncated", "special_token_escape", "bpe_merge", "thinking_stripped",
@@ -57,6 +61,10 @@ REASONING_BLOCKS: tuple[tuple[str, str], ...] = (
 )
 """(open, close) texts of reasoning blocks: the `<think>` families (Qwen3, DeepSeek R1, GLM, Kimi, Nemotron),
 Seed, Kimi's `◁think▷`, gpt-oss's analysis channel, Gemma 4's thought channel."""
+
+PREFILLED_BLOCKS: tuple[tuple[str, str], ...] = REASONING_BLOCKS[:3]
+"""Reasoning blocks a generation prompt may open (`<think>`): their closer alone, with no opener before it,
+still marks reasoning (gpt-oss's `<|end|>` closes every message, so it does not)."""
 
 TOOL_CALL_BLOCKS: tuple[tuple[str, str], ...] = (
     ("<tool_call>", "</tool_call>"), ("<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>"),
@@ -79,14 +87,15 @@ def _inside(text: str, pos: int, blocks: tuple[tuple[str, str], ...], prefilled:
         at = text.rfind(opener, 0, pos + len(opener))
         if at >= 0 and text.find(closer, at + len(opener), pos) < 0:
             return True
-        if prefilled and at < 0 and text.find(closer, pos) >= 0 and text.find(closer, 0, pos) < 0:
+        if (prefilled and (opener, closer) in PREFILLED_BLOCKS and at < 0 and text.find(closer, pos) >= 0
+                and text.find(closer, 0, pos) < 0):
             return True
     return False
 
 
 def _mentions(text: str, blocks: tuple[tuple[str, str], ...], closers: bool) -> bool:
-    """Whether `text` holds a block's opener (or, with `closers`, its closer)."""
-    return any(o in text or (closers and c in text) for o, c in blocks)
+    """Whether `text` holds a block's opener (or, with `closers`, the closer of a `PREFILLED_BLOCKS` block)."""
+    return any(o in text or (closers and (o, c) in PREFILLED_BLOCKS and c in text) for o, c in blocks)
 
 
 def _first_change(old: Sequence[int], new: Sequence[int], p: int) -> tuple[int, int, int, int]:
@@ -118,8 +127,8 @@ def classify(old: Sequence[int], new: Sequence[int], tokenizer: Any, *, old_mask
     limit = min(len(old), len(new))
     while p < limit and old[p] == new[p]:
         p += 1
-    if p == len(old):
-        return UNEXPLAINED  # pragma: no cover - `new` extends `old`: nothing to explain
+    if p == len(old) and not whole:
+        return UNEXPLAINED  # `new` extends `old`: nothing to explain
     if p == len(new) and not whole:
         return "context_truncated"
     i1, i2, j1, j2 = (p, len(old), p, len(new)) if whole else _first_change(old, new, p)
@@ -150,6 +159,9 @@ def classify(old: Sequence[int], new: Sequence[int], tokenizer: Any, *, old_mask
             d = text.find(default_system)
             if 0 <= d <= at <= d + len(default_system) and other.find(default_system) != d:
                 return "default_system_prompt"
+    specials = set(tokenizer.special_tokens.values())
+    if old[i1:i2] and new[j1:j2] and set(old[i1:i2]) <= specials and set(new[j1:j2]) <= specials:
+        return "template_rewrite"  # one scaffold token for another (gpt-oss closes a final `<|return|>` in history `<|end|>`)
     if old_mask is None:
         return UNEXPLAINED
     sampled = any(old_mask[i] for i in range(max(0, i1 - 1), min(len(old_mask), max(i2, i1 + 1))))
@@ -187,7 +199,7 @@ def template_default_system(template: Any) -> str | None:
     try:
         alone = template.render_text([{"role": "user", "content": user}])
         both = template.render_text([{"role": "system", "content": system}, {"role": "user", "content": user}])
-    except Exception:  # a template that refuses a system message has no default one to find
+    except CtxkitError:  # a template that refuses a system message has no default one to find
         return None
     s = both.find(system)
     if s < 0 or both.find(user) < 0:
