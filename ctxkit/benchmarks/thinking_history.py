@@ -128,7 +128,8 @@ def thinking_episodes(n_episodes: int, n_turns: int, tools: bool) -> list[list[d
 def _sampled_text(tok: Any, template: Any, profile: Any, msgs: list[dict], k: int, tools: Any) -> str:
     """The text the policy writes for assistant message `k`: the tokens the full render of `msgs[:k + 1]`
     writes after those it shares with the render of `msgs[:k]` with the generation prompt (a prefilled
-    `<think>` stays in the prompt), cut after its last turn closer."""
+    `<think>` stays in the prompt), cut after its last turn closer; after a prefilled `<think>` the template
+    does not fill, the message's reasoning and `</think>` first."""
     prompt = tok.encode(template.render_text(msgs[:k], tools=tools, add_generation_prompt=True))
     full = tok.encode(template.render_text(msgs[: k + 1], tools=tools))
     p = 0
@@ -137,7 +138,13 @@ def _sampled_text(tok: Any, template: Any, profile: Any, msgs: list[dict], k: in
     text = tok.decode(full[p:])
     closers = [c for c in (profile.turn_closers or (profile.end_of_turn,)) if c]
     end = max((text.rfind(c) + len(c) for c in closers if c in text), default=len(text))
-    return text[:end]
+    text = text[:end]
+    reasoning = msgs[k].get("reasoning_content")
+    if reasoning and reasoning not in text and tok.decode(prompt).endswith("<think>\n"):
+        # a template that never renders reasoning (DeepSeek R1 distill) still prefills `<think>`: the
+        # policy writes its reasoning and closes the block before the turn the template writes
+        text = f"{reasoning}\n</think>\n\n{text}"
+    return text
 
 
 def _bpe_variant(tok: Any, ids: list[int]) -> list[int]:

@@ -74,3 +74,13 @@ def test_main_prints_the_table(capsys):
     assert out[0] == "1 episodes x 2 user turns per family; every third sampled turn in BPE pieces"
     assert out[3].startswith("| qwen3 | 1 | 2 | 1 | ")
     assert format_table([]).count("\n") == 1
+
+
+def test_deepseek_r1_rewrites_every_transition(root):
+    """R1 distill never renders reasoning and drops the `<think>` its generation prompt prefilled once a turn is
+    history: every transition rewrites the prefix, even where every sampled id is kept."""
+    row = family_thinking_row("deepseek_r1_distill", shared_path(), root, 1, 3)
+    assert (row.transitions, row.real_rewrites, row.template_splits, row.template_false, row.template_missed) == (
+        4, 3, 3, 0, 0)
+    assert (row.naive_splits, row.naive_false, row.sampled_splits, row.full_mismatch) == (3, 0, 3, 0)
+    assert row.split_reasons == row.sampled_reasons == row.drift_reasons == "thinking_stripped 3"
