@@ -23,7 +23,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from viewer_fixtures import (DAMAGES, SIZE_BOUND_200, break_step, damage_log, data_block, import_swe_gym, import_tau,
-                             make_long_episode, make_run, page_data)
+                             make_long_episode, make_run, make_split_log, page_data)
 from ctxkit.cli.parser import main
 from ctxkit.errors import LogFormatError
 from ctxkit.events import Compaction, EpisodeStart, Message, Step
@@ -287,28 +287,7 @@ def test_written_page_has_the_umask_mode(tmp_path, umask):
 def test_page_says_where_samples_split_and_why_turns_drift(tmp_path):
     """Mistral v0.3 moves the system prompt into the last user turn (a split: `template_rewrite`); the policy
     wrote its first answer in pieces the tokenizer would merge (a drift: `bpe_merge`)."""
-    from conftest import tokenizer_dir
-    from ctxkit.context.builder import ContextBuilder
-    from ctxkit.events import EpisodeEnd
-
-    builder = ContextBuilder(str(tokenizer_dir("mistral-7b-instruct-v0.3")), budget=4096)
-    tok = builder.tokenizer
-    path = tmp_path / "mis.jsonl"
-    log = EventLog.create(path, episode_id="ep-m")
-    log.extend([EpisodeStart(episode_id="ep-m", context=builder.describe(), sampler={"seed": 1}),
-                Message(role="system", content="Be brief."), Message(role="user", content="What is 2+2?")])
-    # "▁Fo" + "ur" (no word boundary) where the tokenizer writes "▁Four"
-    answers = [tok.encode(" Fo") + [tok.backend.token_to_id("ur"), 29491, 2], tok.encode(" Six.</s>")]  # 29491 ".", 2 "</s>"
-    assert tok.decode(answers[0]) == "Four.</s>" and answers[0][:2] != tok.encode(" Four")[:2]
-    for i, ids in enumerate(answers):
-        ctx = builder.build(log)
-        log.append(Step(context_hash=ctx.hash, context_length=ctx.n_tokens, token_ids=tuple(ids),
-                        content=tok.decode(ids[:-1]).strip(), logprobs=tuple([-0.25] * len(ids)),
-                        logprob_kind="processed", sampling={"temperature": 0.6}, policy_version=3))
-        if i == 0:
-            log.append(Message(role="user", content="What is 3+3?"))
-    log.append(EpisodeEnd(outcome="terminated", cause="answered", reward=1.0, reward_kind="scored"))
-    log.close()
+    path = make_split_log(tmp_path)
     (ep,) = page_data(build_page([path]).html)["episodes"]
     assert [s["split"] for s in ep["steps"]] == [None, "template_rewrite"]
     assert ep["steps"][0]["context"]["drifts"] == []
