@@ -95,6 +95,20 @@ class RenderError(CtxkitError):
     """A conversation could not be rendered, or its loss mask could not be derived."""
 
 
+class VendorRenderError(RenderError):
+    """A vendor renderer (`template="vendor:<name>"`: mistral-common, openai-harmony) refused a conversation,
+    or the loss mask of its render could not be derived. `vendor` names the vendor template (`mistral-v7`),
+    `reason` says what the vendor or the mask derivation said, and `message_index` the message, when known."""
+
+    def __init__(self, vendor: str, reason: str, message_index: int | None = None):
+        where = f" (message {message_index})" if message_index is not None else ""
+        super().__init__(f"vendor:{vendor}{where}: {reason}")
+        self.vendor, self.reason, self.message_index = vendor, reason, message_index
+
+    def __reduce__(self):
+        return type(self), (self.vendor, self.reason, self.message_index)
+
+
 class BudgetError(CtxkitError):
     """A context does not fit its token budget (e.g. pins plus the fixed prefix exceed it); names the sizes."""
 

@@ -11,8 +11,8 @@ reaches a log: `Message.role` (`ROLES`), `Step.logprob_kind` (`LOGPROB_KINDS` or
 (`FINISH_REASONS` or None), `ToolResult.status` (`TOOL_STATUSES`), `EpisodeEnd.outcome` (`END_OUTCOMES`) and
 `EpisodeEnd.reward_kind` (`REWARD_KINDS`). A bad value is an `EventFormatError` naming the field, the value
 and the allowed ones; `event_from_dict` turns it into a `LogFormatError` (the log reader adds file and line).
-A `Step`'s per-token lists are checked the same way: `logprobs` and `raw_logprobs`, when given, hold one
-entry per `token_ids` entry, else an `AlignmentError` (an `EventFormatError`) names the field and both lengths.
+A `Step`'s per-token lists are checked the same way: `logprobs`, `raw_logprobs` and `kept_set`, when given, hold
+one entry per `token_ids` entry, else an `AlignmentError` (an `EventFormatError`) names the field and both lengths.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import orjson
 from ctxkit.content import check_content, flatten_content
 from ctxkit.errors import AlignmentError, EventFormatError, LogFormatError, MessageFormatError
 from ctxkit.edits import Edit, edit_from_dict, edit_to_dict
+from ctxkit.kept_set import KeptSet, kept_set_from_dict, kept_set_to_dict
 
 SCHEMA_VERSION = 1
 """Version of the event schema written in every log header."""
@@ -220,12 +221,17 @@ class Step(EventBase):
     """Reasoning text parsed from the sampled tokens, if any."""
     timings: Mapping[str, float] = field(default_factory=dict)
     """Seconds spent: `build`, `prefill`, `decode`, ... (free-form keys)."""
+    kept_set: KeptSet | None = None
+    """The sampler's kept support per sampled token (`ctxkit.kept_set.KeptSet`), when the engine gave it; left out
+    of the event's dict (so of its line and id) when None (`OMITTED_WHEN_NONE`)."""
 
     def __post_init__(self) -> None:
         check_choice(self.kind, "logprob_kind", self.logprob_kind, LOGPROB_KINDS, optional=True)
         check_choice(self.kind, "finish_reason", self.finish_reason, FINISH_REASONS, optional=True)
         n_tokens = len(self.token_ids)
-        for name in ("logprobs", "raw_logprobs"):
+        if self.kept_set is not None:
+            object.__setattr__(self, "kept_set", kept_set_from_dict(self.kept_set))
+        for name in ("logprobs", "raw_logprobs", "kept_set"):
             values = getattr(self, name)
             if values is not None and len(values) != n_tokens:
                 raise AlignmentError(self.kind, name, len(values), n_tokens)
@@ -352,6 +358,10 @@ EVENT_TYPES: dict[str, type] = {
 
 _TUPLE_FIELDS = {"tools", "token_ids", "logprobs", "raw_logprobs", "edits", "tool_calls"}
 
+OMITTED_WHEN_NONE: dict[str, tuple[str, ...]] = {"step": ("kept_set",)}
+"""Event kind -> fields added after logs existed: absent from the event's dict when None, so an event without
+them has the bytes and id it always had (and an old log reads back unchanged)."""
+
 
 def _freeze_content(content: Any, where: str) -> Content:
     check_content(content, where)  # the one content rule (ctxkit.content)
@@ -388,9 +398,14 @@ def _tool_call_from(obj: Any, where: str) -> ToolCall:
 def event_to_dict(event: Event) -> dict[str, Any]:
     """A JSON-able dict of an event (tuples become lists, tool calls become dicts)."""
     out: dict[str, Any] = {}
+    omitted = OMITTED_WHEN_NONE.get(event.kind, ())
     for f in dataclasses.fields(event):
         value = getattr(event, f.name)
-        if f.name == "tool_calls":
+        if f.name in omitted and value is None:
+            continue
+        if f.name == "kept_set":
+            value = kept_set_to_dict(value)
+        elif f.name == "tool_calls":
             value = [dataclasses.asdict(tc) for tc in value]
         elif f.name == "edits":
             value = [edit_to_dict(e) for e in value]

@@ -11,7 +11,8 @@ follow-up. Contexts come from `ctxkit.ContextBuilder` (keep-all, the SmolLM2 tok
   sampler chain of exactly the recorded config (top_k 0 = off, typical_p 1, min_p 0, penalties off; the
   chain filters before the temperature: order `llama.cpp`). Log-probs are what llama-cpp-python's
   completion API returns for `logprobs`: `Llama.logits_to_logprobs` of the logits row that produced the token,
-  i.e. the temperature-1 log-softmax of the raw logits (`logprob_kind="raw"`).
+  i.e. the temperature-1 log-softmax of the raw logits (`logprob_kind="raw"`). No kept set is recorded
+  (`Step.kept_set` None): llama-cpp-python does not say which tokens its sampler chain kept.
 - `transformers`: ctxkit's `TransformersAgent` (processed log-probs, raw ones beside them).
 
 The llama.cpp engine server of issue 11 (HTTP) is another engineer's; this in-process sampler records the

@@ -150,7 +150,7 @@ def events(path: Path) -> list[Any]:
 
 # ------------------------------------------------------------------------------------------------ figures
 
-ARM_NOTES = {"window": "no pins", "summarize": "extractive", "retrieve": "MiniLM + faiss"}
+ARM_NOTES = {"window": "no pins", "summarize": "extractive, static MiniLM", "retrieve": "static MiniLM + faiss"}
 
 
 def fig_quickstart_table(ws: Workspace, s: dict[str, Any]) -> str:

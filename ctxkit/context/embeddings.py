@@ -14,17 +14,18 @@ faiss and numpy are imported inside functions, so importing this module is cheap
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from ctxkit.errors import ConfigError
 from ctxkit.context.embedding_cache import count_encode, vector_cache, vector_key
 from ctxkit.context.models import embedder_id, load_embedder
+from ctxkit.context.encode_threads import encode_threads, torch_threads
+from ctxkit.context.static_embedder import is_static_spec, load_static_embedder, static_embedder_id
 
 
 def text_sha(text: str) -> str:
@@ -36,49 +37,6 @@ ENCODE_BATCH = 32
 """Most texts per model call in `encode_texts`."""
 LENGTH_BUCKET = 32
 """Texts are padded to a multiple of this many tokens (at most the model's `max_seq_length`)."""
-ENCODE_THREADS_ENV = "CTXKIT_EMBED_THREADS"
-"""Environment variable overriding `DEFAULT_ENCODE_THREADS` (a positive integer; 0: torch's own setting)."""
-DEFAULT_ENCODE_THREADS = 1
-"""Torch intra-op threads for a model call of `encode_texts`. A run's calls are small (one to a few dozen
-texts of at most 256 tokens), and on a busy machine a second OpenMP thread waits for a core more than it
-helps: on the shared 2-core box, 1 thread encoded the quickstart's texts 3.5x faster than torch's default
-of 2. Equal settings give equal bytes; across settings a row agrees to float tolerance, and on some CPUs
-(an AVX-512/AMX Xeon here) its last bits change with the thread count, since the reductions split
-differently: a run that must reproduce another's retrieval bit for bit keeps this setting (checked in tests)."""
-
-
-def encode_threads() -> int | None:
-    """The intra-op threads `encode_texts` runs the model with: `$CTXKIT_EMBED_THREADS` when set (0 or
-    empty: None, torch's own setting), else `DEFAULT_ENCODE_THREADS`; `ConfigError` for anything else."""
-    raw = os.environ.get(ENCODE_THREADS_ENV)
-    if raw is None:
-        return DEFAULT_ENCODE_THREADS
-    raw = raw.strip()
-    if not raw:
-        return None
-    try:
-        n = int(raw)
-    except ValueError:
-        n = -1
-    if n < 0:
-        raise ConfigError(f"{ENCODE_THREADS_ENV}={raw!r}: expected a positive integer, or 0 for torch's own setting")
-    return n or None
-
-
-@contextlib.contextmanager
-def torch_threads(torch: Any, n: int | None) -> Iterator[None]:
-    """Run a block with `n` torch intra-op threads (None: unchanged); the previous setting is restored after."""
-    before = torch.get_num_threads()
-    change = n is not None and n != before
-    if change:
-        torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        if change:
-            torch.set_num_threads(before)
-
-
 def encode_texts(model: Any, texts: Sequence[str]):
     """A `(len(texts), dim)` float32 array of unit vectors for `texts`, in as few model calls as the
     length buckets allow.
@@ -124,7 +82,8 @@ def encode_texts(model: Any, texts: Sequence[str]):
 class TextEmbedder:
     """Sentence embeddings, L2-normalized float32, cached by content hash and counted.
 
-    By default the model at `model_path` (all-MiniLM-L6-v2 when None) is loaded lazily on first use and
+    By default the model at `model_path` (all-MiniLM-L6-v2 when None; `static` or `static:<folder>`: the
+    static embedder of `ctxkit.context.static_embedder`) is loaded lazily on first use and
     shared (`ctxkit.context.models.load_embedder`: once per process), and vectors go through the process-wide
     `ctxkit.context.embedding_cache` keyed by sha256(model id + text), on disk too when a cache folder is set
     (`set_cache_dir`, as a run does), so a text is embedded once per model per run whoever asks; a warm
@@ -148,14 +107,18 @@ class TextEmbedder:
     def id(self) -> str:
         """`<model name>@sha256:<16 hex>` of the embedding model's weights."""
         if self._id is None:
-            self._id = embedder_id(self.model_path)
+            static = is_static_spec(self.model_path)
+            self._id = static_embedder_id(self.model_path) if static else embedder_id(self.model_path)
         return self._id
 
     @property
     def model(self) -> Any:
         """The underlying model (loaded on first access)."""
         if self._model is None:
-            self._model = load_embedder(self.model_path, device=self.device)
+            if is_static_spec(self.model_path):
+                self._model = load_static_embedder(self.model_path, device=self.device)
+            else:
+                self._model = load_embedder(self.model_path, device=self.device)
         return self._model
 
     def encode(self, texts: Sequence[str]):

@@ -64,7 +64,8 @@ _LOADS: list[ModelLoad] = []
 _LOADS_LOCK = threading.Lock()
 
 
-def _record_load(kind: str, path: str, device: str, seconds: float) -> None:
+def record_load(kind: str, path: str, device: str, seconds: float) -> None:
+    """Add one load to `model_loads` (called by each loader once per model it loads)."""
     with _LOADS_LOCK:
         _LOADS.append(ModelLoad(kind, path, device, seconds))
 
@@ -295,7 +296,7 @@ def load_causal_lm(path: str | os.PathLike | None = None, *, device: str = "cpu"
             chat_template_source=source,
         )
         _LM_CACHE[key] = loaded
-        _record_load("causal-lm", key[0], device, time.perf_counter() - started)
+        record_load("causal-lm", key[0], device, time.perf_counter() - started)
         return loaded
 
 
@@ -334,23 +335,29 @@ def load_embedder(path: str | os.PathLike | None = None, device: str = "cpu") ->
         if cached is not None:
             return cached
         started = time.perf_counter()
-        _require("torch", "retrieval", "loading a sentence embedder")
-        _require("sentence_transformers", "retrieval", "loading a sentence embedder")
-        from sentence_transformers import SentenceTransformer  # lazy: sentence_transformers loads on first use
-        from transformers.utils import logging as hf_logging  # lazy: transformers loads on first use
-
-        progress = hf_logging.is_progress_bar_enabled()
-        hf_logging.disable_progress_bar()
-        try:
-            model = SentenceTransformer(str(p), device=str(device), local_files_only=True)
-        except (OSError, ValueError, RuntimeError, KeyError) as exc:
-            raise ConfigError(f"could not load sentence embedder from {p} on {device}: {exc}") from exc
-        finally:
-            if progress:
-                hf_logging.enable_progress_bar()
+        model = load_sentence_transformer(p, key[1])
         _EMB_CACHE[key] = model
-        _record_load("embedder", key[0], key[1], time.perf_counter() - started)
+        record_load("embedder", key[0], key[1], time.perf_counter() - started)
         return model
+
+
+def load_sentence_transformer(path: Path, device: str = "cpu") -> Any:
+    """A fresh `sentence_transformers.SentenceTransformer` from a local folder (not cached: `load_embedder`
+    caches); `MissingExtraError` without the `retrieval` extra, `ConfigError` when it does not load."""
+    _require("torch", "retrieval", "loading a sentence embedder")
+    _require("sentence_transformers", "retrieval", "loading a sentence embedder")
+    from sentence_transformers import SentenceTransformer  # lazy: sentence_transformers loads on first use
+    from transformers.utils import logging as hf_logging  # lazy: transformers loads on first use
+
+    progress = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        return SentenceTransformer(str(path), device=str(device), local_files_only=True)
+    except (OSError, ValueError, RuntimeError, KeyError) as exc:
+        raise ConfigError(f"could not load sentence embedder from {path} on {device}: {exc}") from exc
+    finally:
+        if progress:
+            hf_logging.enable_progress_bar()
 
 
 def clear_model_caches() -> None:

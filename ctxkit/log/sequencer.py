@@ -22,7 +22,8 @@ from typing import Any, Iterable
 import orjson
 
 from ctxkit.errors import ConfigError
-from ctxkit.events import CLOSED_FIELDS, EVENT_TYPES, Event, check_choice, check_vocabulary, event_from_dict, event_to_dict
+from ctxkit.events import (CLOSED_FIELDS, EVENT_TYPES, OMITTED_WHEN_NONE, Event, check_choice, check_vocabulary,
+                           event_from_dict, event_to_dict)
 from ctxkit.log.file_format import check_finite, json_error
 
 _EVENT_CLASSES = tuple(EVENT_TYPES.values())
@@ -47,13 +48,15 @@ class StampPlan:
     kind: str
     """The class's `kind` tag."""
     names: tuple[str, ...]
-    """Field names in declaration order: the order of the event's dict and of its line."""
+    """Field names in declaration order (`omitted` ones left out): the order of the event's dict and of its line."""
     closed: tuple[tuple[str, frozenset, tuple, bool], ...]
     """Closed-vocabulary fields: (name, allowed values, the same as a tuple, None allowed)."""
     sequences: tuple[str, ...]
     """Fields declared as tuples (`content` included): the ones whose value may become a JSON list."""
     measured: tuple[str, Any] | None
     """The measured-time field the id leaves out and the value hashed in its place, if the kind has one."""
+    omitted: tuple[str, ...] = ()
+    """Fields left out of the dict when None (`events.OMITTED_WHEN_NONE`); set, they take the general path."""
 
 
 _PLANS: dict[type, StampPlan] = {}
@@ -64,8 +67,9 @@ def plan_for(cls: type) -> StampPlan:
     plan = _PLANS.get(cls)
     if plan is None:
         kind = cls.__dataclass_fields__["kind"].default
-        names = tuple(f.name for f in dataclasses.fields(cls))
-        plan = StampPlan(kind=kind, names=names,
+        omitted = OMITTED_WHEN_NONE.get(kind, ())
+        names = tuple(f.name for f in dataclasses.fields(cls) if f.name not in omitted)
+        plan = StampPlan(kind=kind, names=names, omitted=omitted,
                          closed=tuple((name, frozenset(allowed), allowed, optional)
                                       for name, allowed, optional in CLOSED_FIELDS.get(kind, ())),
                          sequences=tuple(n for n in names if n in _SEQUENCES),
@@ -119,6 +123,11 @@ def _stamp(event: Any, seq: int, ts: float, index: int, keep: bool = True) -> tu
             raise ConfigError(f"event {index}: {cls.__name__} is not an event type {sorted(EVENT_TYPES)}")
         plan = plan_for(cls)  # a subclass of an event type
     as_dict = event.__dict__.copy()
+    for name in plan.omitted:  # left out when None (the bytes and id an event without it always had)
+        if as_dict.get(name, None) is not None:
+            check_vocabulary(event)
+            return _stamp_general(event, seq, ts, event_dict(event))
+        as_dict.pop(name, None)
     if as_dict["seq"] is not None or as_dict["id"] is not None:
         raise ConfigError(f"event {index} ({event.kind}) already has seq={event.seq!r}, id={event.id!r}; "
                           "append events you built (seq and id None), not recorded ones")
@@ -180,6 +189,8 @@ def _stamp(event: Any, seq: int, ts: float, index: int, keep: bool = True) -> tu
     if empty is not None:
         for name in empty:
             state[name] = () if name in plan.sequences else type(state[name])()
+    for name in plan.omitted:
+        state[name] = None
     copy = object.__new__(cls)
     object.__setattr__(copy, "__dict__", state)
     return copy, as_dict, body, canon
@@ -243,6 +254,9 @@ def recorded_copy(event: Event, loaded: dict[str, Any]) -> Event:
     """`events.event_from_dict(loaded)`, where `loaded` is the JSON round trip of `event` filled in: the same
     event. When no field needs converting (no non-empty list: tool calls, token ids, content parts), it is
     built without re-running the checks `event` passed when it was made (its values equal `loaded`'s)."""
+    for name in OMITTED_WHEN_NONE.get(event.kind, ()):
+        if loaded.get(name) is not None:  # a record to rebuild (a `KeptSet`)
+            return event_from_dict(loaded)
     for key, value in loaded.items():
         if type(value) is list:
             if key in _PLAIN_SEQUENCES:  # what `events.event_from_dict` does with them
@@ -255,6 +269,8 @@ def recorded_copy(event: Event, loaded: dict[str, Any]) -> Event:
         return event_from_dict(loaded)
     copy = object.__new__(type(event))
     copy.__dict__.update(loaded)
+    for name in OMITTED_WHEN_NONE.get(event.kind, ()):
+        copy.__dict__.setdefault(name, None)
     return copy
 
 
@@ -266,8 +282,13 @@ def event_dict(event: Event) -> dict[str, Any]:
     names = _FIELD_NAMES.get(type(event))
     if names is None:
         names = _FIELD_NAMES[type(event)] = tuple(f.name for f in dataclasses.fields(event))
+    if any(getattr(event, name) is not None for name in OMITTED_WHEN_NONE.get(event.kind, ())):
+        return event_to_dict(event)
+    omitted = OMITTED_WHEN_NONE.get(event.kind, ())
     out: dict[str, Any] = {}
     for name in names:
+        if name in omitted:
+            continue
         value = getattr(event, name)
         if isinstance(value, tuple):
             if value and (name == "tool_calls" or name == "edits"):

@@ -1,5 +1,6 @@
 """Text: messages to exact token ids. `tokenizer/` <- `template/` <- `rendering/`, with `chat_messages`
-(OpenAI message validation) and `special_tokens` (special-token text inside content) beside them.
+(OpenAI message validation) and `special_tokens` (special-token text inside content) beside them, and
+`vendor/` (mistral-common and openai-harmony as second oracles and as `render(..., template="vendor:...")`).
 
 A sibling of `log/`: neither imports the other. This face names the entry points of all three.
 """

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import REPO_ROOT, shared_path, tokenizer_dir
+from conftest import REPO_ROOT, require_module, shared_path, tokenizer_dir
 from ctxkit.cli.parser import main
 
 EXAMPLE = REPO_ROOT / "examples" / "agent_episode.json"
@@ -180,3 +180,14 @@ def test_render_and_inspect_show_drift_reasons(tmp_path, capsys):
     assert "drifts 1 (thinking_stripped 1)" in out
     assert "drift message 1 at token 14: thinking_stripped  sampled '<think>\\n17 has no divisors.\\n</think>\\n\\n' " \
            "-> rendered ''" in out
+
+
+def test_render_through_a_vendor_renderer(capsys):
+    require_module("openai_harmony")
+    assert main(["render", str(EXAMPLE), "--template", "vendor:harmony"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["template_id"].startswith("vendor:harmony/openai-harmony-")
+    assert out["tokenizer_id"].startswith("openai-harmony:o200k_harmony@sha256:")
+    assert len(out["token_ids"]) == 583 and sum(out["loss_mask"]) == 224
+    assert main(["inspect", str(EXAMPLE), "--template", "vendor:harmony"]) == 2
+    assert "needs --tokenizer" in capsys.readouterr().err

@@ -134,24 +134,25 @@ def test_a_vector_does_not_depend_on_its_batch(minilm):
 
 
 def test_encode_threads_setting(monkeypatch):
-    from ctxkit.context import embeddings
+    from ctxkit.context import encode_threads
     from ctxkit.errors import ConfigError
 
-    monkeypatch.delenv(embeddings.ENCODE_THREADS_ENV, raising=False)
-    assert embeddings.encode_threads() == embeddings.DEFAULT_ENCODE_THREADS == 1
+    monkeypatch.delenv(encode_threads.ENCODE_THREADS_ENV, raising=False)
+    assert encode_threads.encode_threads() == encode_threads.DEFAULT_ENCODE_THREADS == 1
     for raw, want in (("3", 3), (" 2 ", 2), ("0", None), ("", None)):
-        monkeypatch.setenv(embeddings.ENCODE_THREADS_ENV, raw)
-        assert embeddings.encode_threads() == want
+        monkeypatch.setenv(encode_threads.ENCODE_THREADS_ENV, raw)
+        assert encode_threads.encode_threads() == want
     for raw in ("-1", "two", "1.5"):
-        monkeypatch.setenv(embeddings.ENCODE_THREADS_ENV, raw)
+        monkeypatch.setenv(encode_threads.ENCODE_THREADS_ENV, raw)
         with pytest.raises(ConfigError, match="CTXKIT_EMBED_THREADS"):
-            embeddings.encode_threads()
+            encode_threads.encode_threads()
 
 
 def test_a_vector_is_stable_per_thread_setting_close_across_them_and_torch_is_left_as_it_was(minilm, monkeypatch):
     import torch
 
-    from ctxkit.context.embeddings import ENCODE_THREADS_ENV, encode_texts
+    from ctxkit.context.embeddings import encode_texts
+    from ctxkit.context.encode_threads import ENCODE_THREADS_ENV
 
     before = torch.get_num_threads()
     got = {}

@@ -204,6 +204,36 @@ def test_recorded_logprobs_match_a_full_forward_recompute(agent, tok):
 
 
 @pytest.mark.slow
+def test_the_kept_set_is_the_support_of_each_sampled_position(agent, tok):
+    """Top-k 5: every position keeps exactly 5 ids (SmolLM2's logits have no tie at the 5th), listed, the sampled one
+    among them, equal to the support a full-forward recompute keeps; top-p 0.9 keeps a varying set holding the
+    sampled id; greedy keeps 1; unfiltered keeps the vocabulary, by size only. The step records it."""
+    from ctxkit.experiment.agents.base import to_step
+    from ctxkit.experiment.agents.sampling import SamplingConfig
+    from ctxkit.kept_set import IDS_LIMIT
+
+    _, _, ctx = _episode(tok)
+    turn = agent.generate(ctx.token_ids, seed=4, config=SamplingConfig(temperature=0.8, top_k=5, max_new_tokens=8))
+    kept = turn.kept_set
+    assert len(kept) == len(turn.token_ids) >= 2 and kept.sizes == (5,) * len(turn.token_ids)
+    assert (kept.top_k, kept.top_p, kept.min_p, kept.source, kept.ids_limit) == (5, 1.0, 0.0, "exact", IDS_LIMIT)
+    assert all(t in ids for t, ids in zip(turn.token_ids, kept.ids))
+    n = len(ctx.token_ids)
+    logits = _full_forward_logits(agent, ctx.token_ids + turn.token_ids)[n - 1 : n - 1 + len(turn.token_ids)]
+    support = [tuple(np.flatnonzero(np.isfinite(row)).tolist()) for row in behaviour_logprobs(logits, turn.sampling)]
+    assert support == list(kept.ids)
+    assert to_step(turn, ctx).kept_set == kept
+    nucleus = agent.act(ctx, tools=TOOLS, seed=3).kept_set  # the agent's default: temperature 0.7, top-p 0.9
+    assert nucleus.top_p == 0.9 and all(size >= 1 for size in nucleus.sizes)
+    assert all(ids is None or len(ids) == size for ids, size in zip(nucleus.ids, nucleus.sizes))
+    greedy = agent.generate(ctx.token_ids, seed=0, config=SamplingConfig(temperature=0, max_new_tokens=3))
+    assert greedy.kept_set.sizes == (1,) * len(greedy.token_ids)
+    assert list(greedy.kept_set.ids) == [(t,) for t in greedy.token_ids]
+    free = agent.generate(ctx.token_ids, seed=0, config=SamplingConfig(temperature=1.0, max_new_tokens=2)).kept_set
+    assert free.sizes == (agent.n_embeddings,) * len(free) and free.ids == (None,) * len(free)
+
+
+@pytest.mark.slow
 def test_temperature_one_unfiltered_processed_equals_raw(agent, tok):
     from ctxkit.experiment.agents.sampling import SamplingConfig
 

@@ -256,17 +256,17 @@ def test_the_log_layer_has_no_import_cycle():
 
 def test_the_log_layer_imports_only_below_or_beside_it():
     graph = import_graph()
-    allowed = {"ctxkit.events": {"ctxkit.errors", "ctxkit.edits", "ctxkit.content"}, "ctxkit.errors": set(),
+    allowed = {"ctxkit.events": {"ctxkit.errors", "ctxkit.edits", "ctxkit.kept_set", "ctxkit.content"}, "ctxkit.errors": set(),
                "ctxkit.log.locks": {"ctxkit.errors"},
-               "ctxkit.log.file_format": {"ctxkit.events", "ctxkit.errors", "ctxkit.edits", "ctxkit.content", "ctxkit.log.locks"},
-               "ctxkit.log.file_writes": {"ctxkit.events", "ctxkit.errors", "ctxkit.edits", "ctxkit.content", "ctxkit.log.file_format",
+               "ctxkit.log.file_format": {"ctxkit.events", "ctxkit.errors", "ctxkit.edits", "ctxkit.kept_set", "ctxkit.content", "ctxkit.log.locks"},
+               "ctxkit.log.file_writes": {"ctxkit.events", "ctxkit.errors", "ctxkit.edits", "ctxkit.kept_set", "ctxkit.content", "ctxkit.log.file_format",
                                      "ctxkit.log.locks"},
-               "ctxkit.log.sequencer": {"ctxkit.events", "ctxkit.errors", "ctxkit.edits", "ctxkit.content", "ctxkit.log.file_format",
+               "ctxkit.log.sequencer": {"ctxkit.events", "ctxkit.errors", "ctxkit.edits", "ctxkit.kept_set", "ctxkit.content", "ctxkit.log.file_format",
                                     "ctxkit.log.locks"},
-               "ctxkit.log.conversation": {"ctxkit.events", "ctxkit.errors", "ctxkit.edits", "ctxkit.content"},
-               "ctxkit.log.event_log": {"ctxkit.events", "ctxkit.errors", "ctxkit.edits", "ctxkit.log.file_format", "ctxkit.log.locks",
+               "ctxkit.log.conversation": {"ctxkit.events", "ctxkit.errors", "ctxkit.edits", "ctxkit.kept_set", "ctxkit.content"},
+               "ctxkit.log.event_log": {"ctxkit.events", "ctxkit.errors", "ctxkit.edits", "ctxkit.kept_set", "ctxkit.log.file_format", "ctxkit.log.locks",
                               "ctxkit.log.sequencer", "ctxkit.log.file_writes", "ctxkit.log.conversation", "ctxkit.content"},
-               "ctxkit.log.state": {"ctxkit.events", "ctxkit.errors", "ctxkit.edits", "ctxkit.content"}}
+               "ctxkit.log.state": {"ctxkit.events", "ctxkit.errors", "ctxkit.edits", "ctxkit.kept_set", "ctxkit.content"}}
     for name, ok in allowed.items():
         assert reachable(graph, name) <= ok, f"{name} reaches {sorted(reachable(graph, name) - ok)}"
 

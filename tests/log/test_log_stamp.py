@@ -13,6 +13,7 @@ import orjson
 import pytest
 
 from ctxkit.edits import MaskEdit
+from ctxkit.kept_set import KeptSet
 from ctxkit.errors import ConfigError, EventFormatError
 from ctxkit.events import (Compaction, EpisodeEnd, EpisodeStart, Message, Pin, StateSnapshot, Step, ToolCall,
                            ToolResult, Unpin, event_from_dict, event_id, event_to_dict)
@@ -56,6 +57,8 @@ SHAPES = [
          finish_reason="stop", policy_version=Level.HIGH),
     Step(),
     Step(token_ids=(), raw_logprobs=(), sampling={"temperature": 0.7}, ts=1.5),
+    Step(token_ids=(4, 5), logprobs=(-0.1, -0.2), logprob_kind="processed",
+         kept_set=KeptSet(sizes=(2, 90), ids=((4, 6), None), top_k=0, top_p=0.95, min_p=0.0)),
     Pin(pin_id="p", text="never delete /etc"),
     Unpin(pin_id="p", reason=None),
     Compaction(compressor="mask-observations-v2", edits=(MaskEdit(event_id="e1-00000000", text="[x]"),),

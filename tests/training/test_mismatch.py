@@ -200,6 +200,23 @@ def test_control_transformers_sampling_vs_its_own_recompute(tmp_path, hf_tokeniz
     assert len(rows) == sum(len(k["extremes"]) for k in report["kinds"].values())
     assert all(row.split(" | ")[1] == "-" for row in rows)
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # attribution: the transformers agent recorded its kept set on both steps; within the default bounds nothing
+    # is out; with bounds tighter than the float noise, every out token gets one cause, and a scorer holding other
+    # weights puts them all on policy-version lag
+    att = report["attribution"]["kinds"]["processed"]
+    assert (att["steps"], att["steps_with_kept_set"], att["out_of_bounds"]) == (2, 2, 0)
+    assert "### mismatch attribution" in text
+    tight = ["--clip", "1.000001", "--mask-low", "0.999999", "--mask-high", "1.000001", "--force", "--json", str(out_json)]
+    for version in ("scorer", "other-weights"):
+        assert main(["mismatch", *map(str, logs), "--model", "default", *tight, "--policy-version", version]) == 0
+        att = json.loads(out_json.read_text())["attribution"]
+        k = att["kinds"]["processed"]
+        rows = {r["cause"]: r["tokens"] for r in k["rows"] if r["tokens"]}
+        assert k["out_of_bounds"] > 0 and sum(rows.values()) == k["out_of_bounds"], rows
+        if version == "scorer":
+            assert att["policy_version"].startswith("SmolLM2") and "policy_version_lag" not in rows, rows
+        else:
+            assert rows == {"policy_version_lag": k["out_of_bounds"]}
 
 
 def test_unknown_order_override_is_refused_before_reading(tmp_path):

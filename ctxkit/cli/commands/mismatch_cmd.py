@@ -1,5 +1,5 @@
 """`ctxkit mismatch LOGS... --model SPEC [--device] [--dtype] [--json F] [--plot F.png] [--clip C]
-[--mask-low a --mask-high b] [--threads N] [--order O]`: behaviour vs trainer-recomputed log-probs of every sampled token (thin)."""
+[--mask-low a --mask-high b] [--threads N] [--order O] [--policy-version V] [--boundary-tokens N]`: behaviour vs trainer-recomputed log-probs of every sampled token (thin)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ctxkit.cli.commands.argtypes import positive_int
+from ctxkit.cli.commands.argtypes import non_negative_int, positive_int
 from ctxkit.cli.commands.outputs import add_force
 
 
@@ -23,6 +23,12 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _version(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a non-empty policy version")
+    return text
+
+
 def register_mismatch(subparsers: Any) -> None:
     """Add `ctxkit mismatch`."""
     p = subparsers.add_parser(
@@ -30,8 +36,9 @@ def register_mismatch(subparsers: Any) -> None:
         help="re-score the sampled tokens of episode logs with a transformers forward pass and report the log-prob mismatch",
         description="Replay each step's context from the log, re-score its sampled tokens with the model under the "
         "recorded sampling transform, and report behaviour vs recomputed log-probs per logprob kind: quantiles, "
-        "extremes, position and length buckets, what TIS / token masking / TRL's sequence_mask would touch, and "
-        "the raw-denominator trap.",
+        "extremes, position and length buckets, what TIS / token masking / TRL's sequence_mask would touch, "
+        "the cause each out-of-bounds token sits on (policy-version lag, outside the kept set, a drift, a "
+        "compaction boundary, else engine numerics), and the raw-denominator trap.",
     )
     p.add_argument("logs", nargs="+", help="episode logs (.jsonl), or folders searched for them (a run folder)")
     p.add_argument("--model", required=True, metavar="SPEC",
@@ -48,6 +55,13 @@ def register_mismatch(subparsers: Any) -> None:
     p.add_argument("--threads", type=positive_int, default=None, metavar="N",
                    help="torch CPU threads (default: torch's own; 1 is fastest on a loaded small machine)")
     p.add_argument("--top", type=positive_int, default=10, help="extreme tokens listed per kind (default 10)")
+    p.add_argument("--policy-version", type=_version, default=None, metavar="V",
+                   help="the policy version the trainer holds: steps recorded with another are attributed to "
+                   "policy_version_lag; 'scorer' = the scoring model's id (what the transformers agent records); "
+                   "default: lag not checked")
+    p.add_argument("--boundary-tokens", type=non_negative_int, default=16, metavar="N",
+                   help="first N sampled tokens of the first step after a compaction count as at its boundary "
+                   "(default 16; 0 turns the cause off)")
     add_force(p)
     p.set_defaults(func=_mismatch)
 
@@ -79,7 +93,8 @@ def _mismatch(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(args.threads)
     result = measure(logs, model=model, device=args.device, dtype=args.dtype, clip=args.clip,
-                     mask_low=args.mask_low, mask_high=args.mask_high, top=args.top, order=args.order)
+                     mask_low=args.mask_low, mask_high=args.mask_high, top=args.top, order=args.order,
+                     policy_version=args.policy_version, boundary_tokens=args.boundary_tokens)
     print(render_text(result.report))
     if args.json:
         with atomic_output(args.json, "--json", replace=args.force) as tmp:

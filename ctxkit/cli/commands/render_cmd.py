@@ -72,6 +72,8 @@ def _resolve(args: argparse.Namespace):
     from ctxkit.text.tokenizer.loader import load_tokenizer  # lazy: per command: keeps `ctxkit --help` fast
 
     spec, template = args.tokenizer, args.template
+    if isinstance(template, str) and template.startswith("vendor:"):  # a vendor renderer: its own vocabulary
+        return (load_tokenizer(spec) if spec is not None else None), template
     if spec is None:
         spec, default_template = default_tokenizer()
         template = template or default_template
@@ -153,6 +155,11 @@ def _inspect_main(args: argparse.Namespace) -> int:
 
     if args.file is None:
         args.file = str(bundled_example())
+    if args.tokenizer is None and str(args.template or "").startswith("vendor:"):
+        from ctxkit.errors import ConfigError  # lazy: per command: keeps `ctxkit --help` fast
+
+        raise ConfigError(f"ctxkit inspect --template {args.template} needs --tokenizer: the vendor's vocabulary as a "
+                          "ctxkit tokenizer (tiktoken:o200k_harmony for harmony, the Mistral v0.3 folder for mistral-v3)")
     ctx, tok = _render(args)
     console = Console(highlight=False)
     print_tokens(console, tok, ctx.token_ids, ctx.roles, ctx.loss_mask, args.max_tokens)

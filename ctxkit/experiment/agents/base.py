@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence, runtime_chec
 from ctxkit.errors import ConfigError
 from ctxkit.registry import load_registered
 from ctxkit.events import Step, ToolCall
+from ctxkit.kept_set import KeptSet
 
 if TYPE_CHECKING:  # pragma: no cover
     from ctxkit.context.builder import BuiltContext
@@ -61,6 +62,8 @@ class AgentTurn:
     """Seconds: `prefill_s`, `decode_s`, optionally `generate_s` and engine-specific keys."""
     reasoning_content: str | None = None
     """Reasoning text parsed from the ids, for templates that render it."""
+    kept_set: KeptSet | None = None
+    """The sampler's kept support per sampled token (`ctxkit.kept_set.KeptSet`), when the agent knows it."""
 
 
 @runtime_checkable
@@ -120,4 +123,5 @@ def to_step(turn: AgentTurn, context: "BuiltContext", *, timings: Mapping[str, f
         tool_calls=tuple(turn.tool_calls),
         reasoning_content=turn.reasoning_content,
         timings={k: float(v) for k, v in merged.items()},
+        kept_set=turn.kept_set,
     )

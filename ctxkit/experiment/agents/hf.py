@@ -5,7 +5,9 @@ prefills once, then decodes one token at a time with the KV cache (`past_key_val
 drawn from the processed distribution (`ctxkit.training.rl_math.behaviour_logprobs` of the logits under the
 sampling config) with a CPU `torch.Generator` seeded from the call's `seed`, so a rerun with the same seed
 samples the same tokens. Per sampled token it records the processed log-prob (`logprob_kind="processed"`)
-and the raw one (temperature-1 softmax of the unmodified logits). Prefill and decode are timed apart
+and the raw one (temperature-1 softmax of the unmodified logits), and the kept set exactly (`Step.kept_set`: the
+support of the processed distribution at each sampled position, its size always and its ids when at most
+`ctxkit.kept_set.IDS_LIMIT`). Prefill and decode are timed apart
 (CUDA events on GPU, `perf_counter` on CPU). Generation stops at an end-of-turn id (finish `stop`, the id
 kept) or after `max_new_tokens` (finish `length`).
 
@@ -26,6 +28,7 @@ from ctxkit.errors import BudgetError, ConfigError
 from ctxkit.experiment.agents.base import AgentTurn
 from ctxkit.experiment.agents.parsing import END_OF_TURN_TOKENS, parse_ids, turn_call_seed
 from ctxkit.experiment.agents.sampling import SamplingConfig, make_generator, sample, token_distributions
+from ctxkit.kept_set import IDS_LIMIT, KeptSet
 from ctxkit.context.models import load_causal_lm
 from ctxkit.text.tokenizer.loader import Tokenizer, load_tokenizer
 
@@ -172,6 +175,7 @@ class TransformersAgent:
         call_id_seed: str | None = None,
     ) -> AgentTurn:
         """Sample one turn after the prompt `token_ids` with `config` (default: the agent's) and `seed`."""
+        import numpy as np  # lazy: numpy loads on first use
         import torch  # lazy: torch loads on first use
 
         cfg = self.config if config is None else config
@@ -201,6 +205,8 @@ class TransformersAgent:
         sampled: list[int] = []
         lps: list[float] = []
         raws: list[float] = []
+        sizes: list[int] = []
+        kept_ids: list[tuple[int, ...] | None] = []
         finish = "length"
         end = set(self.end_ids)
         with torch.inference_mode():
@@ -217,6 +223,9 @@ class TransformersAgent:
             for i in range(max_new):
                 proc, raw = token_distributions(logits, cfg)
                 tok = sample(proc, generator)
+                support = np.flatnonzero(np.isfinite(proc))  # the kept set: -inf marks a filtered token
+                sizes.append(int(support.size))
+                kept_ids.append(tuple(support.tolist()) if support.size <= IDS_LIMIT else None)
                 sampled.append(tok)
                 lps.append(float(proc[tok]))
                 raws.append(float(raw[tok]))
@@ -260,6 +269,8 @@ class TransformersAgent:
             policy_version=self.policy_version,
             timings={"prefill_s": prefill_s, "decode_s": decode_s, "generate_s": prefill_s + decode_s},
             reasoning_content=parsed.reasoning_content,
+            kept_set=KeptSet(sizes=tuple(sizes), ids=tuple(kept_ids), top_k=cfg.top_k, top_p=float(cfg.top_p),
+                             min_p=float(cfg.min_p), source="exact"),
         )
 
     def close(self) -> None:

@@ -15,6 +15,11 @@ align).
 Log-prob meaning: vLLM returns raw log-probs unless started with `--logprobs-mode processed_logprobs`;
 say which with `server_logprobs_mode` (`raw` default, or `processed`), recorded as `logprob_kind`.
 
+Kept set: not recorded (`Step.kept_set` stays None). Neither vLLM's nor llama-cpp-python's completions API
+says which tokens the sampler kept at a position (their `logprobs: n` are the n most likely candidates of the
+raw distribution, whatever top-k / top-p cut), so `ctxkit mismatch` can tell support from numerics on these
+steps only through the trainer-side recompute.
+
 Failures: an HTTP error status or a malformed response raises `OpenAIHTTPError` naming the URL and status;
 a timeout either returns a turn with `finish_reason="abort"` and the time spent (`on_timeout="abort"`,
 default, so the runner can count it and end the episode truncated) or raises `OpenAITimeoutError`.

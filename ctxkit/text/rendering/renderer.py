@@ -67,6 +67,8 @@ from ctxkit.text.special_tokens import encode_escaped, find_special_tokens, reso
 from ctxkit.text.template.profile import template_profile
 from ctxkit.text.template.chat_template import ChatTemplate, load_template, normalize_messages, plain_value
 from ctxkit.text.tokenizer.loader import Tokenizer, load_tokenizer
+from ctxkit.text.vendor.oracle import is_vendor_spec
+from ctxkit.text.vendor.vendor_render import render_vendor
 
 TOKEN_ROLES = ("system", "user", "assistant", "tool", "scaffold", "generation_prompt")
 """Roles a token can have: the role of the message it renders, template scaffold, or a generation prompt."""
@@ -292,7 +294,19 @@ def render(
 ) -> RenderedContext:
     """Render OpenAI messages to token ids, loss mask, roles and spans (see module docstring).
     `special_tokens`: what to do with special-token text in content (`ctxkit.text.special_tokens`; default:
-    escape it in tool content, allow it elsewhere); `history`: one of `output.HISTORY_MODES`."""
+    escape it in tool content, allow it elsewhere); `history`: one of `output.HISTORY_MODES`.
+
+    `template="vendor:<name>"` (`ctxkit.text.vendor`: `mistral-v3`, `mistral-v7`, `mistral-tekken`, `harmony`,
+    `harmony-keep-analysis`) renders through the vendor's own renderer instead of a chat template: the ids
+    are the vendor's, `template_id` names the vendor and its package version, and `tokenizer` (None: the
+    vendor's own) must be the vendor's vocabulary; the vendor decides how special-token text in content is
+    encoded, so `special_tokens` must be None there."""
+    if is_vendor_spec(template):
+        if special_tokens is not None:
+            raise ConfigError(f"render: special_tokens={special_tokens!r} does not apply to template {template!r} "
+                              "(the vendor encodes content itself); leave it None")
+        return render_vendor(messages, template, tools, add_generation_prompt,
+                             tokenizer=None if tokenizer is None else load_tokenizer(tokenizer))
     renderer = IncrementalRenderer(tokenizer, template, tools, special_tokens, history=history)
     renderer.extend(messages)
     return renderer.render(add_generation_prompt=add_generation_prompt)

@@ -216,7 +216,8 @@ def _base_sha256(template: ChatTemplate) -> str:
 
 def load_template(spec: str | Path | ChatTemplate | None, tokenizer, *, limits: RenderLimits | None = None,
                   clock: datetime | None = None) -> ChatTemplate:
-    """Load a template: None (the tokenizer's own), `name-vN` (ctxkit, sha256 checked) or a `.jinja` path.
+    """Load a template: None (the tokenizer's own), `name-vN` (ctxkit, sha256 checked) or a `.jinja` path
+    (`vendor:<name>` is a vendor renderer, taken by `render` only: a `TemplateError` here).
 
     `limits` (default `DEFAULT_LIMITS`) bound every render of the template (see `RenderLimits`). `clock`
     (default `RENDER_CLOCK`) is the date `strftime_now` reports, recorded in the template (`with_clock`)."""
@@ -237,6 +238,10 @@ def load_template(spec: str | Path | ChatTemplate | None, tokenizer, *, limits: 
                                 limits=limits)
     else:
         text = str(spec)
+        if text.startswith("vendor:"):
+            raise TemplateError(f"template {text!r} is a vendor renderer, not a chat template: pass it to "
+                                "ctxkit.render(messages, tokenizer, template=...) (ctxkit.text.vendor); incremental "
+                                "renderers and context builders render chat templates only")
         path = Path(text).expanduser()
         if text.endswith(".jinja") or path.is_file():
             if not path.is_file():

@@ -12,6 +12,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from ctxkit.training.mismatch.attribution import render_attribution
+
 __all__ = ["render_text", "write_plot"]
 
 
@@ -57,7 +59,8 @@ def _kind_text(kind: str, k: Mapping[str, Any]) -> list[str]:
 
 
 def render_text(report: Mapping[str, Any]) -> str:
-    """The report as markdown: a header, one section per logprob kind, then the trap."""
+    """The report as markdown: a header, one section per logprob kind, the attribution (when the report has
+    one), then the trap."""
     head = report.get("header", {})
     lines = ["## log-prob mismatch: behaviour vs trainer recompute", ""]
     if head:
@@ -67,6 +70,8 @@ def render_text(report: Mapping[str, Any]) -> str:
                      if head.get("order_override") else ""), ""]
     for kind, k in report["kinds"].items():
         lines += _kind_text(kind, k)
+    if report.get("attribution"):
+        lines += render_attribution(report["attribution"])
     trap = report["trap"]
     lines += ["### the raw-denominator trap (processed recompute / raw behaviour)", ""]
     if not trap["steps"]:

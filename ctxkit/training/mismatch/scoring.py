@@ -22,17 +22,19 @@ from __future__ import annotations
 import math
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ctxkit.errors import ConfigError, ReplayError
+from ctxkit.errors import ConfigError, CtxkitError, ReplayError
 from ctxkit.events import EpisodeStart, Step
+from ctxkit.context.builder import rebuild
 from ctxkit.context.models import load_causal_lm
-from ctxkit.training.context_replay import load_events, replay_steps
+from ctxkit.training.context_replay import load_events, replay_steps, resolve_setup
 
-__all__ = ["LLAMA_CPP_CHAIN", "ORDERS", "ScoredStep", "arm_of", "processed_logprobs", "score_logs", "score_steps"]
+__all__ = ["LLAMA_CPP_CHAIN", "ORDERS", "ScoredStep", "arm_of", "processed_logprobs", "score_logs", "score_steps",
+           "step_drifts"]
 
 ORDERS: tuple[str, ...] = ("hf", "vllm", "llama.cpp")
 """Sampling-transform orders a step's `sampling["order"]` may name (absent: `hf`)."""
@@ -82,6 +84,12 @@ class ScoredStep:
     """The recorded sampling config."""
     arm: str | None = None
     """The ablation arm the log belongs to (`EpisodeStart.metadata["arm"]`, as `ctxkit ablate` records it), or None."""
+    drift_spans: tuple[tuple[int, int, str], ...] = ()
+    """`(start, end, reason)` per drift of this turn: the sampled tokens `[start, end)` (indices into `token_ids`)
+    that a later context's template re-rendering would tokenize differently (`Drift`, found by `step_drifts`);
+    `reason` is the drift's reason, `unclassified` where the record has none."""
+    recomputed_support: np.ndarray | None = None
+    """Per sampled token, how many ids the trainer-side processed distribution keeps (its finite entries)."""
 
     @property
     def transformed(self) -> bool:
@@ -213,9 +221,12 @@ def score_steps(log: str | os.PathLike, lm: Any, *, tokenizer: Any = None, templ
     arm = arm_of(events)
     out: list[ScoredStep] = []
     skipped = 0
+    drifts: dict[str, set] = {}
     for result in replay_steps(events, tokenizer=tokenizer, template=template):
         step = result.step
         where = f"{log}: step {result.index} (seq {step.seq})"
+        if result.context is not None:
+            step_drifts(result.context, drifts)
         if step.logprob_kind not in ("raw", "processed"):
             skipped += 1
             continue
@@ -231,7 +242,10 @@ def score_steps(log: str | os.PathLike, lm: Any, *, tokenizer: Any = None, templ
         acts = np.asarray(sampled)[:, None]
         raw = np.take_along_axis(_raw_logprobs(logits), acts, axis=-1)[:, 0]
         sampling = dict(step.sampling) if order is None else {**step.sampling, "order": order}
-        proc = np.take_along_axis(processed_logprobs(logits, sampling), acts, axis=-1)[:, 0]
+        proc_all = processed_logprobs(logits, sampling)
+        proc = np.take_along_axis(proc_all, acts, axis=-1)[:, 0]
+        support = np.isfinite(proc_all).sum(axis=-1)
+        del proc_all
         behaviour = np.asarray(step.logprobs, dtype=np.float64)
         if step.logprob_kind == "raw":
             behaviour_raw = behaviour
@@ -243,9 +257,46 @@ def score_steps(log: str | os.PathLike, lm: Any, *, tokenizer: Any = None, templ
             log=str(log), episode_id=episode_id, index=result.index, seq=int(step.seq),
             context_length=len(ctx), token_ids=tuple(sampled), logprob_kind=str(step.logprob_kind),
             behaviour=behaviour, behaviour_raw=behaviour_raw, recomputed_raw=raw, recomputed_processed=proc,
-            sampling=sampling, arm=arm,
+            sampling=sampling, arm=arm, recomputed_support=support,
         ))
+    if out:  # the last turn shows in no later step's context: render the whole log once for its drifts
+        try:
+            tok, tpl, _ = resolve_setup(events, tokenizer=tokenizer, template=template)
+            step_drifts(rebuild(events, tokenizer=tok, template=tpl), drifts)
+        except CtxkitError:  # the final view does not render (a pending call...): its drifts stay unknown
+            pass
+    by_id = {e.seq: e.id for e in events if isinstance(e, Step)}
+    out = [replace(s, drift_spans=tuple(sorted(drifts.get(by_id.get(s.seq) or "", ())))) for s in out]
     return out, skipped
+
+
+def step_drifts(context: Any, found: dict[str, set]) -> dict[str, set]:
+    """Add to `found` (step event id -> set of `(start, end, reason)`) the drifts of a built context
+    (`BuiltContext`): each `Drift` of its render, on the sampled turn of a verbatim `Step`, as the token range
+    of that step's `token_ids` it covers (`[first differing, first differing + len(sampled run))`, at least one
+    token: a drift whose sampled run is empty, the template inserting ids, covers the token after the insertion).
+    Returns `found`."""
+    rendered, messages = context.rendered, context.view.messages
+    ids = rendered.token_ids
+    starts = {sp.index: sp.start for sp in rendered.spans}
+    for drift in rendered.drifts:
+        msg = messages[drift.message_index]
+        sampled = msg.token_ids
+        if sampled is None or msg.provenance.how != "verbatim" or not msg.provenance.event_ids:
+            continue
+        n = len(sampled)
+        start = starts.get(drift.message_index)
+        if start is None or tuple(ids[start:start + n]) != tuple(sampled) or start > drift.position:
+            start = next((drift.position - p for p in range(n + 1)
+                          if tuple(ids[drift.position - p:drift.position - p + n]) == tuple(sampled)), None)
+        if start is None:
+            continue
+        first = drift.position - start
+        last = min(n, first + max(1, len(drift.sampled_ids)))
+        if first < n:
+            found.setdefault(msg.provenance.event_ids[0], set()).add(
+                (first, last, str(getattr(drift, "reason", "unclassified"))))
+    return found
 
 
 def arm_of(events: Sequence[Any]) -> str | None:
