@@ -146,7 +146,40 @@ def test_render_log_keeps_sampled_step_ids(tmp_path, capsys):
     span = out["spans"][-1]
     assert span["role"] == "assistant" and out["token_ids"][span["start"] : span["end"]] == odd
     assert out["drifts"] == [{"message_index": 1, "position": span["start"], "sampled_ids": odd[:2],
-                              "rendered_ids": [9707]}]
+                              "rendered_ids": [9707], "reason": "bpe_merge"}]
+
+
+def _thinking_log(tmp_path):
+    """A Qwen3 log whose sampled turn holds reasoning the template drops once a new user turn follows."""
+    from ctxkit.context.builder import ContextBuilder
+    from ctxkit.events import EpisodeStart, Message, Step
+    from ctxkit.log.event_log import EventLog
+
+    builder = ContextBuilder(str(tokenizer_dir("qwen3")), budget=4096)
+    log = EventLog.create(tmp_path / "think.jsonl", episode_id="ep-t")
+    log.extend([EpisodeStart(episode_id="ep-t", context=builder.describe(), sampler={"seed": 1}),
+                Message(role="user", content="Is 17 prime?")])
+    ctx = builder.build(log)
+    ids = builder.tokenizer.encode("<think>\n17 has no divisors.\n</think>\n\nYes.<|im_end|>")
+    log.append(Step(context_hash=ctx.hash, context_length=ctx.n_tokens, token_ids=tuple(ids), content="Yes.",
+                    reasoning_content="17 has no divisors.", logprobs=tuple([-0.5] * len(ids)),
+                    logprob_kind="processed", sampling={"temperature": 1.0}, policy_version=1))
+    log.append(Message(role="user", content="And 21?"))
+    log.close()
+    return tmp_path / "think.jsonl"
+
+
+def test_render_and_inspect_show_drift_reasons(tmp_path, capsys):
+    log = _thinking_log(tmp_path)
+    qwen3 = str(tokenizer_dir("qwen3"))
+    assert main(["render", str(log), "--tokenizer", qwen3]) == 0
+    (drift,) = json.loads(capsys.readouterr().out)["drifts"]
+    assert (drift["message_index"], drift["reason"], drift["rendered_ids"]) == (1, "thinking_stripped", [])
+    assert main(["inspect", str(log), "--tokenizer", qwen3]) == 0
+    out = capsys.readouterr().out
+    assert "drifts 1 (thinking_stripped 1)" in out
+    assert "drift message 1 at token 14: thinking_stripped  sampled '<think>\\n17 has no divisors.\\n</think>\\n\\n' " \
+           "-> rendered ''" in out
 
 
 def test_render_through_a_vendor_renderer(capsys):

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxkit.cli.commands.argtypes import add_render_options, non_negative_int
-from ctxkit.cli.commands.token_view import LEGEND, ROLE_STYLES, print_tokens
+from ctxkit.cli.commands.token_view import LEGEND, ROLE_STYLES, drift_summary, print_drifts, print_tokens
 
 
 def default_tokenizer() -> tuple[str, str | None]:
@@ -128,7 +128,7 @@ def _render_main(args: argparse.Namespace) -> int:
         "tokenizer_id": ctx.tokenizer_id,
         "prefix_preserving": ctx.prefix_preserving,
         "drifts": [{"message_index": d.message_index, "position": d.position, "sampled_ids": list(d.sampled_ids),
-                    "rendered_ids": list(d.rendered_ids)} for d in ctx.drifts],
+                    "rendered_ids": list(d.rendered_ids), "reason": d.reason} for d in ctx.drifts],
     }
     sys.stdout.write(orjson.dumps(out, option=orjson.OPT_INDENT_2 if args.indent else 0).decode() + "\n")
     return 0
@@ -139,7 +139,8 @@ def register_inspect(subparsers) -> None:
     parser = subparsers.add_parser(
         "inspect", help="show a rendered conversation token by token, colored by role",
         description="Show a rendered conversation in the terminal: tokens colored by role, loss-masked tokens "
-                    "bold and underlined, special tokens boxed, and a per-role token count.")
+                    "bold and underlined, special tokens boxed, a per-role token count, and each drift of a "
+                    "sampled turn with its reason.")
     _add_common(parser, file_required=False)
     parser.add_argument("--max-tokens", type=non_negative_int, default=None, metavar="N", help="show only the first N tokens")
     parser.set_defaults(func=_inspect_main)
@@ -174,7 +175,8 @@ def _inspect_main(args: argparse.Namespace) -> int:
     table.add_row("total", str(len(ctx.token_ids)), str(sum(ctx.loss_mask)))
     console.print(table)
     console.print(f"tokenizer {ctx.tokenizer_id}  ·  template {ctx.template_id}  ·  "
-                  f"prefix-preserving {'yes' if ctx.prefix_preserving else 'no'}  ·  drifts {len(ctx.drifts)}")
+                  f"prefix-preserving {'yes' if ctx.prefix_preserving else 'no'}  ·  drifts {drift_summary(ctx.drifts)}", soft_wrap=True)
+    print_drifts(console, tok, ctx.drifts)
     console.print(f"hash {ctx.hash}")
     console.print(LEGEND)
     return 0
