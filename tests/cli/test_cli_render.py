@@ -191,3 +191,38 @@ def test_render_through_a_vendor_renderer(capsys):
     assert len(out["token_ids"]) == 583 and sum(out["loss_mask"]) == 224
     assert main(["inspect", str(EXAMPLE), "--template", "vendor:harmony"]) == 2
     assert "needs --tokenizer" in capsys.readouterr().err
+
+
+def test_render_history_and_template_kwargs(tmp_path, capsys):
+    """`--history template` renders the past sampled turn as Qwen3's template does (no drift: ids equal
+    apply_chat_template); `--template-kwarg` passes a template variable under a distinct template id."""
+    from transformers import AutoTokenizer
+
+    log = _thinking_log(tmp_path)
+    qwen3 = str(tokenizer_dir("qwen3"))
+    hf = AutoTokenizer.from_pretrained(qwen3)
+    messages = [{"role": "user", "content": "Is 17 prime?"},
+                {"role": "assistant", "content": "Yes.", "reasoning_content": "17 has no divisors."},
+                {"role": "user", "content": "And 21?"}]
+    assert main(["render", str(log), "--tokenizer", qwen3, "--history", "template"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["drifts"] == []
+    assert out["token_ids"] == hf.apply_chat_template(messages, tokenize=True, return_dict=False)
+    assert main(["render", str(log), "--tokenizer", qwen3, "--history", "template", "--add-generation-prompt",
+                 "--template-kwarg", "enable_thinking=false"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["template_id"].startswith("tokenizer+enable_thinking=false@sha256:")
+    assert out["token_ids"] == hf.apply_chat_template(messages, tokenize=True, return_dict=False,
+                                                      add_generation_prompt=True, enable_thinking=False)
+    for bad, message in ((["--template-kwarg", "enable_thinking"], "expected KEY=VALUE"),
+                         (["--template-kwarg", "a=1", "--template-kwarg", "a=2"], "given more than once"),
+                         (["--template", "vendor:harmony", "--history", "template"], "chat templates only")):
+        assert main(["render", str(log), "--tokenizer", qwen3, *bad]) == 2
+        assert message in capsys.readouterr().err
+
+
+def test_history_choices_are_the_render_modes():
+    from ctxkit.cli.commands.render_cmd import HISTORY_CHOICES
+    from ctxkit.text.rendering.output import HISTORY_MODES
+
+    assert HISTORY_CHOICES == HISTORY_MODES

@@ -11,6 +11,10 @@ from ctxkit.cli.commands.argtypes import add_render_options, non_negative_int
 from ctxkit.cli.commands.token_view import LEGEND, ROLE_STYLES, drift_summary, print_drifts, print_tokens
 
 
+HISTORY_CHOICES = ("sampled", "template")
+"""`--history` values: `ctxkit.text.rendering.output.HISTORY_MODES` (kept literal so `--help` imports nothing)."""
+
+
 def default_tokenizer() -> tuple[str, str | None]:
     """`(tokenizer spec, template spec)` used when none is given: the shared Qwen2.5 tokenizer with its own
     template, else `tiktoken:o200k_base` with `chatml-tools-v1`."""
@@ -72,13 +76,45 @@ def _resolve(args: argparse.Namespace):
     from ctxkit.text.tokenizer.loader import load_tokenizer  # lazy: per command: keeps `ctxkit --help` fast
 
     spec, template = args.tokenizer, args.template
+    kwargs = template_kwargs(args.template_kwarg)
     if isinstance(template, str) and template.startswith("vendor:"):  # a vendor renderer: its own vocabulary
+        if kwargs or args.history != "sampled":
+            from ctxkit.errors import ConfigError  # lazy: per command: keeps `ctxkit --help` fast
+
+            raise ConfigError(f"--template {template}: --template-kwarg and --history apply to chat templates only")
         return (load_tokenizer(spec) if spec is not None else None), template
     if spec is None:
         spec, default_template = default_tokenizer()
         template = template or default_template
     tok = load_tokenizer(spec)
-    return tok, load_template(template, tok)
+    loaded = load_template(template, tok)
+    if kwargs:
+        from ctxkit.text.template.chat_template import with_kwargs  # lazy: per command: keeps `ctxkit --help` fast
+
+        loaded = with_kwargs(loaded, kwargs)
+    return tok, loaded
+
+
+def template_kwargs(pairs: list[str] | None) -> dict[str, Any]:
+    """`--template-kwarg KEY=VALUE` pairs as template variables (VALUE read as JSON, else kept as text);
+    `ConfigError` for a pair without `=` or a key given twice."""
+    import json  # lazy: per command: keeps `ctxkit --help` fast
+
+    from ctxkit.errors import ConfigError  # lazy: per command: keeps `ctxkit --help` fast
+
+    out: dict[str, Any] = {}
+    for pair in pairs or ():
+        key, sep, raw = pair.partition("=")
+        key = key.strip()
+        if not sep or not key.isidentifier():
+            raise ConfigError(f"--template-kwarg {pair!r}: expected KEY=VALUE with KEY a template variable name")
+        if key in out:
+            raise ConfigError(f"--template-kwarg {key}: given more than once")
+        try:
+            out[key] = json.loads(raw)
+        except ValueError:
+            out[key] = raw
+    return out
 
 
 def _render(args: argparse.Namespace):
@@ -88,7 +124,8 @@ def _render(args: argparse.Namespace):
     messages, tools = load_messages(args.file)
     tok, tpl = _resolve(args)
     try:
-        return render(messages, tok, tpl, tools=tools, add_generation_prompt=args.add_generation_prompt), tok
+        return render(messages, tok, tpl, tools=tools, add_generation_prompt=args.add_generation_prompt,
+                      history=args.history), tok
     except (MessageFormatError, RenderError) as exc:
         raise type(exc)(f"{args.file}: {exc}") from None
 
@@ -101,6 +138,11 @@ def _add_common(parser: argparse.ArgumentParser, *, file_required: bool) -> None
                             help="conversation JSON or .jsonl log (default: the bundled example)")
     add_render_options(parser, default="shared qwen2.5-instruct, else tiktoken:o200k_base")
     parser.add_argument("--add-generation-prompt", action="store_true", help="end with the assistant generation prompt")
+    parser.add_argument("--template-kwarg", action="append", metavar="KEY=VALUE",
+                        help="a template variable, as apply_chat_template(**kwargs) passes it (VALUE as JSON, e.g. "
+                             "preserve_thinking=true); a distinct template id; repeatable")
+    parser.add_argument("--history", choices=HISTORY_CHOICES, default="sampled",
+                        help="past sampled turns: their sampled ids (default) or as the template renders them")
 
 
 def register_render(subparsers) -> None:
