@@ -17,6 +17,8 @@ echo "== replay vs live build: synthetic episode, 200 turns, budget 16000 (new r
 python -m ctxkit.benchmarks.replay_bench --turns 200 --budget 16000 --repeats 3 --compressors window,mask-observations
 echo "== bench build: every file of ../shared/trajectories at 50 % of each episode"
 ctxkit bench build --trajectories --compressors "$ARMS,mask-then-window-v2,truncate-then-window-v2"
+echo "== thinking history: sample splits vs real prefix rewrites (full renders) per thinking family (counts)"
+python -m ctxkit.benchmarks.thinking_history --episodes 4 --turns 5
 echo "== bench render: 200 turns"
 ctxkit bench render --turns 200 --repeats 3
 echo "== bench log: 20,000 events, fsync 500"

@@ -35,7 +35,8 @@ from ctxkit.context.pins import detect_constraints, resolve_pin_rules
 from ctxkit.context.render_cache import RenderCache
 from ctxkit.text.special_tokens import RECORDED_DEFAULT, resolve_special_tokens
 from ctxkit.context.view import Provenance, View, ViewMessage, ViewState, apply_edits, build_view, make_view
-from ctxkit.text.template.chat_template import load_template
+from ctxkit.text.rendering.output import HISTORY_MODES
+from ctxkit.text.template.chat_template import load_template, with_kwargs
 from ctxkit.text.tokenizer.loader import load_tokenizer
 
 BUILDER_VERSION = "ctxkit-builder-v1"
@@ -115,7 +116,11 @@ class ContextBuilder:
     rule set is recorded as `pin_rules`, so a resumed v1 episode keeps detecting with v1.
     `special_tokens`: policy for special-token text in message content (`ctxkit.text.special_tokens`: one of
     allow | escape | error, or a mapping role -> policy; default: escape tool content, allow the rest);
-    recorded by `describe()` so a replay renders the same way.
+    recorded by `describe()` so a replay renders the same way. `history`: how a sampled turn the template
+    re-renders otherwise enters the context (`ctxkit.text.rendering.output.HISTORY_MODES`: `sampled`, the
+    default, keeps the sampled ids; `template` takes the template's render of a turn whose reasoning it drops),
+    recorded by `describe()` when not the default. A template with kwargs (`chat_template.with_kwargs`, e.g.
+    `preserve_thinking`) records them beside its id, and a replay renders with them.
     """
 
     def __init__(
@@ -128,7 +133,10 @@ class ContextBuilder:
         detect_pins: bool | str = True,
         reserve_tokens: int = 0,
         special_tokens: str | Mapping[str, str] | None = None,
+        history: str = "sampled",
     ) -> None:
+        if history not in HISTORY_MODES:
+            raise ConfigError(f"ContextBuilder: history is {history!r}; expected one of {list(HISTORY_MODES)}")
         if isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0:
             raise ConfigError(f"ContextBuilder: budget is {budget!r}; expected a positive integer (tokens)")
         if isinstance(reserve_tokens, bool) or not isinstance(reserve_tokens, int) or not 0 <= reserve_tokens < budget:
@@ -139,13 +147,20 @@ class ContextBuilder:
         self.tokenizer = load_tokenizer(tokenizer)
         self.template_spec = template if (template is None or isinstance(template, str)) else getattr(template, "name", None)
         self.template = load_template(template, self.tokenizer)
+        self.template_kwargs = dict(self.template.options.get("kwargs") or {})
+        """Template kwargs the template renders with (`chat_template.with_kwargs`), recorded by `describe()`."""
+        if self.template_kwargs:  # the spec of the template the kwargs apply to
+            self.template_spec = None if self.template.origin == "tokenizer" else self.template.name.split("+")[0]
+        self.history = history
+        """How sampled turns the template re-renders otherwise enter the context (`HISTORY_MODES`)."""
         self.compressor = make_compressor(compressor, **dict(params or {}))
         self.budget = budget
         self.reserve_tokens = reserve_tokens
         self.pin_rules = resolve_pin_rules(detect_pins)
         self.detect_pins = self.pin_rules is not None
         self.special_tokens = resolve_special_tokens(special_tokens, "ContextBuilder: special_tokens")
-        self._renderer = RenderCache(self.tokenizer, self.template, size=RENDERS_KEPT, special_tokens=self.special_tokens)
+        self._renderer = RenderCache(self.tokenizer, self.template, size=RENDERS_KEPT, special_tokens=self.special_tokens,
+                                     history=history)
         self._state: ViewState | None = None
         self._fed_ids: list[str] = []
         self._scanned = 0
@@ -154,7 +169,8 @@ class ContextBuilder:
         self._pin_cache = PinCheckCache()  # for check_pins
         # Renders the fixed prefix (`_check_reserved`) apart from the views, incrementally: a new pin changes
         # only the pinned block. It shares the segment ids of the main cache (same tokenizer and template).
-        self._prefix_renderer = RenderCache(self.tokenizer, self.template, size=2, special_tokens=self.special_tokens)
+        self._prefix_renderer = RenderCache(self.tokenizer, self.template, size=2, special_tokens=self.special_tokens,
+                                            history=history)
         self._prefix_renderer.segments = self._renderer.segments
 
     # ------------------------------------------------------------------------------------- describe
@@ -169,27 +185,32 @@ class ContextBuilder:
         return {
             "builder": BUILDER_VERSION,
             "tokenizer": {"spec": str(self.tokenizer.spec), "id": self.tokenizer.id},
-            "template": {"spec": None if self.template_spec is None else str(self.template_spec), "id": self.template.id},
+            "template": {"spec": None if self.template_spec is None else str(self.template_spec), "id": self.template.id,
+                         **({"kwargs": dict(self.template_kwargs)} if self.template_kwargs else {})},
             "compressor": self.compressor.spec.to_dict() if hasattr(self.compressor.spec, "to_dict")
             else {"name": self.compressor.spec.name, "params": dict(self.compressor.spec.params)},
             "budget": self.budget,
             "reserve_tokens": self.reserve_tokens,
             "pin_rules": self.pin_rules,
             "special_tokens": dict(self.special_tokens),
+            **({"history": self.history} if self.history != "sampled" else {}),
         }
 
     @classmethod
     def from_description(cls, desc: Mapping[str, Any], *, tokenizer: Any = None) -> "ContextBuilder":
         """A builder from `describe()` output; the tokenizer and template ids must match the recorded ones."""
         try:
+            tok = load_tokenizer(tokenizer if tokenizer is not None else desc["tokenizer"]["spec"])
             builder = cls(
-                tokenizer=tokenizer if tokenizer is not None else desc["tokenizer"]["spec"],
-                template=desc["template"]["spec"],
+                tokenizer=tok,
+                template=recorded_template(desc["template"], tok) if desc["template"].get("kwargs")
+                else desc["template"]["spec"],
                 compressor=desc["compressor"],
                 budget=desc["budget"],
                 detect_pins=desc.get("pin_rules") or False,
                 reserve_tokens=desc.get("reserve_tokens", 0),
                 special_tokens=desc.get("special_tokens", RECORDED_DEFAULT),  # older logs: as recorded, allow
+                history=desc.get("history", "sampled"),
             )
         except (KeyError, TypeError) as exc:
             raise ConfigError(f"builder description is missing {exc}: {dict(desc)!r}") from None
@@ -344,7 +365,20 @@ def rebuild(
     rec_special, rec_budget = recorded_render_policy(start)
     special_tokens = rec_special if special_tokens is None else special_tokens
     budget = rec_budget if budget is None else budget
-    return render_view(view, RenderCache(tok, tmpl, special_tokens=special_tokens), tok, budget)
+    return render_view(view, RenderCache(tok, tmpl, special_tokens=special_tokens, history=recorded_history(start)),
+                       tok, budget)
+
+
+def recorded_history(start: EpisodeStart | None) -> str:
+    """The `history` mode recorded in `start.context` (`sampled` when none is: the default, and older logs)."""
+    ctx = start.context if start is not None else {}
+    return str(ctx.get("history") or "sampled")
+
+
+def recorded_template(rec: Mapping[str, Any], tokenizer: Any) -> Any:
+    """The template a `describe()` `template` record names: its spec loaded, with its recorded kwargs."""
+    tpl = load_template(rec.get("spec"), tokenizer)
+    return with_kwargs(tpl, rec["kwargs"]) if rec.get("kwargs") else tpl
 
 
 def recorded_render_policy(start: EpisodeStart | None) -> tuple[Any, int | None]:

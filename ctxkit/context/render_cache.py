@@ -60,9 +60,12 @@ class RenderCache:
     are not local (`TemplateProfile.locality`: Qwen3, Mistral v0.3) are rendered whole each time; their
     text is still cut into segments when the tokenizer allows it."""
 
-    def __init__(self, tokenizer: Any, template: Any, size: int = 8, special_tokens: Any = None):
+    def __init__(self, tokenizer: Any, template: Any, size: int = 8, special_tokens: Any = None,
+                 history: str = "sampled"):
         self.tokenizer = tokenizer
         self.special_tokens = special_tokens
+        self.history = history
+        """How sampled turns the template re-renders otherwise enter the context (`rendering.output.HISTORY_MODES`)."""
         self.template = template
         self.size = size
         self.segments = SegmentCache()
@@ -151,7 +154,7 @@ class RenderCache:
                     renderer.cut(n)
         if renderer is None:
             renderer = IncrementalRenderer(self.tokenizer, self.template, view.tools or None, self.special_tokens,
-                                           segments=self.segments)
+                                           segments=self.segments, history=self.history)
         for m in msgs[n:]:
             renderer.append(*self._chat(m), form_checked=True)  # a view's messages: their events checked the form
         out = renderer.render(add_generation_prompt=True)

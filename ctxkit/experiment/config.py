@@ -4,6 +4,8 @@
 name = "quickstart"
 tokenizer = "../shared/tokenizers/qwen2.5-instruct"   # resolved, see `resolve_tokenizer`
 template = ""              # optional: a template spec; empty = the tokenizer's own
+template_kwargs = {}       # optional: template variables, e.g. { preserve_thinking = true } (a distinct template id)
+history = "sampled"        # optional: "template" renders past turns as the template does (thinking templates)
 seeds = [0, 1, 2]          # or a count: seeds = 3  (-> 0, 1, 2)
 budget = 3072              # default token budget of every arm
 baseline = "keep-all"      # arm the others are compared with
@@ -46,6 +48,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ctxkit.errors import ConfigError
+from ctxkit.text.rendering.output import HISTORY_MODES
 from ctxkit.text.tokenizer.loader import SHARED_ENV, shared_dir
 
 __all__ = [
@@ -61,7 +64,7 @@ __all__ = [
     "resolve_tokenizer",
 ]
 
-_TOP_KEYS = {"name", "tokenizer", "template", "seeds", "budget", "baseline", "limits", "agents", "tasks", "arms", "report"}
+_TOP_KEYS = {"name", "tokenizer", "template", "template_kwargs", "history", "seeds", "budget", "baseline", "limits", "agents", "tasks", "arms", "report"}
 _ARM_KEYS = {"name", "compressor", "params", "pins", "budget", "agent"}
 
 
@@ -172,6 +175,10 @@ class ExperimentConfig:
     """Per-episode limits."""
     report: ReportConfig
     """Report settings."""
+    template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    """Extra template variables (`ctxkit.text.template.chat_template.with_kwargs`: a distinct template id)."""
+    history: str = "sampled"
+    """How past sampled turns enter a context (`ctxkit.text.rendering.output.HISTORY_MODES`)."""
 
     def arm(self, name: str) -> ArmConfig:
         """The arm named `name`."""
@@ -264,6 +271,12 @@ def parse_config(raw: Mapping[str, Any], *, path: str = "<config>", config_dir: 
     template = raw.get("template") or None
     if template is not None and not isinstance(template, str):
         raise _err(path, f"template is {template!r}; expected a template spec string")
+    template_kwargs = raw.get("template_kwargs", {})
+    if not isinstance(template_kwargs, Mapping):
+        raise _err(path, f"template_kwargs is {template_kwargs!r}; expected a table of template variables")
+    history = raw.get("history", "sampled")
+    if history not in HISTORY_MODES:
+        raise _err(path, f"history is {history!r}; expected one of {list(HISTORY_MODES)}")
     seeds_raw = raw.get("seeds", 3)
     if isinstance(seeds_raw, list):
         seeds = tuple(_int(path, f"seeds[{i}]", s) for i, s in enumerate(seeds_raw))
@@ -359,4 +372,5 @@ def parse_config(raw: Mapping[str, Any], *, path: str = "<config>", config_dir: 
     return ExperimentConfig(
         path=path, name=name, tokenizer=resolve_tokenizer(tokenizer, config_dir), template=template, seeds=seeds,
         tasks=tasks, agents=tuple(agents), arms=tuple(arms), baseline=baseline, limits=limits, report=report,
+        template_kwargs=dict(template_kwargs), history=history,
     )

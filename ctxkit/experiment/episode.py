@@ -52,6 +52,7 @@ from ctxkit.context.view import message_of
 from ctxkit.log.event_log import EventLog
 from ctxkit.log.state import DirectoryState, record_snapshot
 from ctxkit.text.rendering.renderer import IncrementalRenderer
+from ctxkit.text.template.chat_template import load_template, with_kwargs
 from ctxkit.text.tokenizer.loader import load_tokenizer
 
 __all__ = ["run_episode", "log_path", "step_seed", "close_agents"]
@@ -94,8 +95,8 @@ def _agent(config: ExperimentConfig, label: str, task: str, tokenizer: Any, temp
 class _FullHistory:
     """Token count of the history rendered without any compaction (what keep-all would send)."""
 
-    def __init__(self, tokenizer: Any, template: Any, tools: Any):
-        self._renderer = IncrementalRenderer(tokenizer, template, list(tools) or None)
+    def __init__(self, tokenizer: Any, template: Any, tools: Any, history: str = "sampled"):
+        self._renderer = IncrementalRenderer(tokenizer, template, list(tools) or None, history=history)
         self._seen = 0
 
     def tokens(self, events: Any) -> int:
@@ -133,6 +134,15 @@ def run_episode(config: ExperimentConfig, spec: EpisodeSpec, out_dir: str | Path
         return _run_episode(config, spec, out_dir)
 
 
+def arm_builder(config: ExperimentConfig, arm: Any, tokenizer: Any) -> ContextBuilder:
+    """The context builder of one arm: the config's template (with its `template_kwargs`) and `history` mode."""
+    template: Any = config.template
+    if config.template_kwargs:
+        template = with_kwargs(load_template(template, tokenizer), config.template_kwargs)
+    return ContextBuilder(tokenizer, template, arm.compressor, arm.budget, arm.params, detect_pins=arm.pins,
+                          history=config.history)
+
+
 def _run_episode(config: ExperimentConfig, spec: EpisodeSpec, out_dir: str | Path) -> dict[str, Any]:
     wall_start = time.perf_counter()
     loaded_before = model_load_seconds()
@@ -141,7 +151,7 @@ def _run_episode(config: ExperimentConfig, spec: EpisodeSpec, out_dir: str | Pat
     limits = config.limits
     task = make_task(task_cfg.name, task_cfg.params, where=config.path)
     tokenizer = load_tokenizer(config.tokenizer)
-    builder = ContextBuilder(tokenizer, config.template, arm.compressor, arm.budget, arm.params, detect_pins=arm.pins)
+    builder = arm_builder(config, arm, tokenizer)
     agent = _agent(config, arm.agent, spec.task, tokenizer, builder.template)
     path = log_path(Path(out_dir), spec)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -198,7 +208,7 @@ def _run_episode(config: ExperimentConfig, spec: EpisodeSpec, out_dir: str | Pat
 
 def _loop(config, spec, log, builder, agent, episode: TaskEpisode, records: list[StepRecord], wall_start: float) -> EpisodeEnd:
     limits = config.limits
-    full = _FullHistory(builder.tokenizer, builder.template, episode.tools)
+    full = _FullHistory(builder.tokenizer, builder.template, episode.tools, builder.history)
     prev_ids: tuple[int, ...] = ()
     for step in range(limits.max_steps + 1):
         if time.perf_counter() - wall_start > limits.wall_time_s:

@@ -50,9 +50,8 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 from ctxkit.errors import BudgetError, ConfigError, CtxkitError
 from ctxkit.experiment.config import EpisodeSpec, ExperimentConfig
 from ctxkit.experiment.engine_server import check_servable, serve_agents
-from ctxkit.experiment.episode import log_path, run_episode
+from ctxkit.experiment.episode import arm_builder, log_path, run_episode
 from ctxkit.experiment.run_folder import RESULTS, RUN_INFO, append_row, check_out_dir, open_run_folder, read_rows, read_run_info
-from ctxkit.context.builder import ContextBuilder
 from ctxkit.context.compress import make_compressor
 from ctxkit.events import EpisodeStart, message_from_openai
 from ctxkit.experiment.agents.base import agent_class
@@ -135,8 +134,7 @@ def validate(config: ExperimentConfig) -> None:
     with tempfile.TemporaryDirectory(prefix="ctxkit-validate-") as tmp:
         for arm in config.arms:
             try:
-                builder = ContextBuilder(tokenizer, config.template, arm.compressor, arm.budget, arm.params,
-                                         detect_pins=arm.pins)
+                builder = arm_builder(config, arm, tokenizer)
             except CtxkitError as exc:
                 raise ConfigError(f"{path}: arm {arm.name!r}: {exc}") from None
             for name, task in tasks.items():

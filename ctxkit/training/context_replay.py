@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 from ctxkit.errors import ConfigError, CtxkitError, ReplayError
 from ctxkit.events import Compaction, EpisodeEnd, EpisodeStart, Event, Message, Pin, Step, ToolCall, ToolResult
-from ctxkit.context.builder import RENDERS_KEPT, ContextBuilder, PinCheckCache, rebuild, recorded_render_policy, render_view
+from ctxkit.context.builder import (RENDERS_KEPT, ContextBuilder, PinCheckCache, rebuild, recorded_history,
+                                    recorded_render_policy, recorded_template, render_view)
 from ctxkit.context.render_cache import RenderCache
 from ctxkit.context.view import ViewState
 from ctxkit.context.pins import active_pins
@@ -77,7 +78,7 @@ def resolve_setup(events: Sequence[Event], *, tokenizer: Any = None, template: A
             raise ReplayError("the log records no tokenizer (EpisodeStart.context['tokenizer']['spec']); pass tokenizer=")
         tokenizer = rec_tok["spec"]
     tok = load_tokenizer(tokenizer)
-    tpl = load_template(template if template is not None else rec_tpl.get("spec"), tok)
+    tpl = load_template(template, tok) if template is not None else recorded_template(rec_tpl, tok)
     warnings = []
     for what, rec, obj in (("tokenizer", rec_tok, tok), ("template", rec_tpl, tpl)):
         if rec.get("id") and rec["id"] != obj.id:
@@ -241,7 +242,8 @@ class StepContexts:
         start = self.events[self._start_at] if self._start_at < pos else None
         special, budget = recorded_render_policy(start)
         if self._policy is None or self._policy[0] != special:
-            self._policy = (special, RenderCache(self.tok, self.tpl, size=RENDERS_KEPT, special_tokens=special))
+            self._policy = (special, RenderCache(self.tok, self.tpl, size=RENDERS_KEPT, special_tokens=special,
+                                                 history=recorded_history(start)))
         view = self._state.view()
         problems = self._state.pairing_problems()
         try:

@@ -43,11 +43,13 @@ from ctxkit.context.builder import ContextBuilder
 from ctxkit.log.event_log import MemoryLog
 from ctxkit.training.context_replay import load_events, replay_steps, resolve_setup
 from ctxkit.training.offline_steps import add_offline_steps
+from ctxkit.text.rendering.drift_reasons import classify_transition, count_reasons, template_default_system
 
 if TYPE_CHECKING:  # pragma: no cover
     from ctxkit.log.event_log import EventLog
 
-__all__ = ["TrainingSample", "EpisodeMeta", "assemble_samples", "compressed_samples", "episode_meta", "samples"]
+__all__ = ["TrainingSample", "EpisodeMeta", "assemble_samples", "compacted_steps", "compressed_samples", "episode_meta",
+           "samples", "split_statistics"]
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,10 @@ class TrainingSample:
     detected pins), as `events.event_to_dict` records plus `before_step_seq` (the source seq of the step
     whose context they shaped). Empty for samples of the recorded contexts. Not a file column (the
     Parquet export keeps them in its file metadata: `ctxkit.training.sample_schema.NOT_COLUMNS`)."""
+    split_reason: str = ""
+    """Why this sample starts a new sequence instead of extending the previous one: one of
+    `ctxkit.text.rendering.drift_reasons.DRIFT_REASONS` (`compaction`, `thinking_stripped`, `template_rewrite`,
+    ...; `unexplained` when no tokenizer was given to decide); empty for an episode's first sample."""
 
     @property
     def logprob_kind(self) -> str | None:
@@ -214,7 +220,7 @@ def _step_logprobs(step: Step) -> tuple[float | None, ...]:
 class _Open:
     """A sample being assembled (mutable, private)."""
 
-    def __init__(self, context: Sequence[int], prefix_sample: int | None, prefix_len: int):
+    def __init__(self, context: Sequence[int], prefix_sample: int | None, prefix_len: int, split_reason: str = ""):
         self.ids: list[int] = list(context)
         self.mask: list[int] = [0] * len(context)
         self.lps: list[float | None] = [None] * len(context)
@@ -224,6 +230,7 @@ class _Open:
         self.hashes: list[str] = []
         self.prefix_sample = prefix_sample
         self.prefix_len = prefix_len
+        self.split_reason = split_reason
 
     def add_step(self, step: Step, context_hash: str) -> None:
         if not step.token_ids:
@@ -268,15 +275,22 @@ class _Open:
             template_id=meta.template_id,
             tokenizer_id=meta.tokenizer_id,
             compressor=meta.compressor,
+            split_reason=self.split_reason,
         )
 
 
-def assemble_samples(steps: Iterable[tuple[Step, Sequence[int], str]], meta: EpisodeMeta) -> list[TrainingSample]:
+def assemble_samples(steps: Iterable[tuple[Step, Sequence[int], str]], meta: EpisodeMeta, *, tokenizer: Any = None,
+                     compacted: Iterable[Any] = (), default_system: str | None = None) -> list[TrainingSample]:
     """Merge verified `(step, context_ids, context_hash)` triples (in log order) into training samples.
 
     The pure core of `samples`: merging by exact extension, a new sample otherwise, shared prefixes
-    referenced (see the module docstring). `context_ids` must be the exact ids the step saw.
+    referenced (see the module docstring). `context_ids` must be the exact ids the step saw. A new sample's
+    `split_reason` is decided by `drift_reasons.classify_transition` from the sample so far and the new
+    context (`tokenizer` decodes them; None: `unexplained` unless compacted); `compacted` holds the seqs of
+    the steps a compaction was recorded before (since the previous step); `default_system` is the template's
+    default system prompt (`drift_reasons.template_default_system`).
     """
+    compacted = set(compacted)
     done: list[_Open] = []
     cur: _Open | None = None
     for step, context, chash in steps:
@@ -289,9 +303,12 @@ def assemble_samples(steps: Iterable[tuple[Step, Sequence[int], str]], meta: Epi
                 n = _common_prefix(prev.ids, context)
                 if n > prefix_len:
                     prefix_sample, prefix_len = j, n
+            reason = ""
             if cur is not None:
+                reason = classify_transition(cur.ids, cur.mask, context, tokenizer, default_system=default_system,
+                                             compacted=step.seq in compacted)
                 done.append(cur)
-            cur = _Open(context, prefix_sample, prefix_len)
+            cur = _Open(context, prefix_sample, prefix_len, reason)
         cur.add_step(step, chash)
     if cur is not None:
         done.append(cur)
@@ -306,7 +323,8 @@ def samples(log_or_events: "EventLog | Sequence[Any] | str", *, tokenizer: Any =
     mismatch raises `ReplayError` naming the step. Returns the samples in order (see the module docstring).
     """
     events, header_episode = load_events(log_or_events)
-    replayed = replay_steps(events, tokenizer=tokenizer, template=template)
+    tok, tpl, _ = resolve_setup(events, tokenizer=tokenizer, template=template)
+    replayed = replay_steps(events, tokenizer=tok, template=tpl)
     triples = []
     tok_id = tpl_id = ""
     for r in replayed:
@@ -315,7 +333,30 @@ def samples(log_or_events: "EventLog | Sequence[Any] | str", *, tokenizer: Any =
         triples.append((r.step, r.token_ids, r.got_hash))
         tok_id, tpl_id = r.tokenizer_id, r.template_id
     meta = episode_meta(events, episode_id=header_episode, template_id=tpl_id, tokenizer_id=tok_id)
-    return assemble_samples(triples, meta)
+    return assemble_samples(triples, meta, tokenizer=tok, compacted=compacted_steps(events),
+                            default_system=template_default_system(tpl))
+
+
+def compacted_steps(events: Sequence[Any]) -> set[Any]:
+    """The seqs of the steps a `Compaction` event was recorded before (since the step before them)."""
+    out, pending = set(), False
+    for e in events:
+        if isinstance(e, Compaction):
+            pending = True
+        elif isinstance(e, Step):
+            if pending:
+                out.add(e.seq)
+            pending = False
+    return out
+
+
+def split_statistics(samples_: Iterable[TrainingSample]) -> dict[str, Any]:
+    """Sample statistics: `samples`, `episodes`, `splits` (samples that start anew within an episode) and
+    `splits_by_reason` (every reason of `DRIFT_REASONS`, 0 when absent)."""
+    rows = list(samples_)
+    reasons = [s.split_reason for s in rows if s.split_reason]
+    return {"samples": len(rows), "episodes": len({s.episode_id for s in rows}), "splits": len(reasons),
+            "splits_by_reason": count_reasons(reasons)}
 
 
 OVERFLOW_POLICIES: tuple[str, ...] = ("error", "truncate")
@@ -402,5 +443,7 @@ def compressed_samples(
     if cut:
         meta = dataclasses.replace(meta, outcome="truncated", cause="context_budget", reward=None,
                                    reward_kind="limit_truncation")
+    comp = {q for q, evs in made.items() if any(e.get("kind") == "compaction" for e in evs)}
     return [dataclasses.replace(s, compactions=tuple(c for q in s.step_seqs for c in made.get(q, ())))
-            for s in assemble_samples(triples, meta)]
+            for s in assemble_samples(triples, meta, tokenizer=tok, compacted=comp,
+                                      default_system=template_default_system(tpl))]

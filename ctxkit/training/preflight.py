@@ -32,7 +32,9 @@ Figures: generated and loss-bearing tokens (per second of generation where `Step
 per wall second), policy-version lag per step when `trained_at` is given, tool timeout rate, episode
 timeout rate, abort rate and discard rate (episodes a trainer drops, `is_discarded`: no sampled step, no
 end, an unscored end, a length truncation, or a step that does not replay). The experiment report's
-"discarded" column uses the same function.
+"discarded" column uses the same function. With the rebuild: samples, the samples that start anew and why
+(`sample_splits_by_reason`), and the drifts of sampled turns by reason (`drifts_by_reason`; reasons from
+`ctxkit.text.rendering.drift_reasons.DRIFT_REASONS`, non-zero ones listed).
 """
 
 from __future__ import annotations
@@ -48,8 +50,9 @@ from ctxkit.text.special_tokens import count_in_log
 from ctxkit.events import Compaction, EpisodeEnd, EpisodeStart, Event, Step, ToolResult
 from ctxkit.training.preflight_resume import resume_problems
 from ctxkit.training.offline_steps import is_offline_step
-from ctxkit.training.context_replay import load_events, replay_steps
-from ctxkit.training.episode_samples import assemble_samples, episode_meta
+from ctxkit.training.context_replay import load_events, replay_steps, resolve_setup
+from ctxkit.training.episode_samples import assemble_samples, compacted_steps, episode_meta
+from ctxkit.text.rendering.drift_reasons import count_reasons, template_default_system
 
 __all__ = ["CHECKS", "Finding", "CheckResult", "AuditReport", "audit", "find_logs", "is_discarded",
            "DISCARDED_REWARD_KINDS"]
@@ -203,6 +206,8 @@ class _Acc:
         self.lags: list[int] = []
         self.lag_unknown = 0
         self.offline: list[str] = []
+        self.splits: Counter[str] = Counter()  # split reason -> samples that start anew for it
+        self.drifts: Counter[str] = Counter()  # drift reason -> drifts (each once per log)
 
     def fail(self, check: str, path: str, where: str, message: str) -> None:
         self.failed[check] += 1
@@ -307,7 +312,8 @@ def _check_record(p: str, events: Sequence[Event], steps: Sequence[Step], acc: _
         return ok
 
     try:
-        results = list(replay_steps(events))
+        tok, tpl, _ = resolve_setup(events)
+        results = list(replay_steps(events, tokenizer=tok, template=tpl))
     except CtxkitError as exc:
         acc.fail("record", p, "episode", f"contexts cannot be rebuilt: {exc}")
         return False
@@ -317,8 +323,19 @@ def _check_record(p: str, events: Sequence[Event], steps: Sequence[Step], acc: _
             ok = False
     if not ok:
         return False
-    samples = assemble_samples([(r.step, r.token_ids, r.got_hash) for r in results], episode_meta(events))
+    samples = assemble_samples([(r.step, r.token_ids, r.got_hash) for r in results], episode_meta(events),
+                               tokenizer=tok, compacted=compacted_steps(events),
+                               default_system=template_default_system(tpl))
     acc.n["loss_tokens"] += sum(s.n_sampled for s in samples)
+    acc.n["samples"] += len(samples)
+    acc.splits.update(s.split_reason for s in samples if s.split_reason)
+    # a drift is counted once, at the first step whose context holds it (later contexts hold it again)
+    seen: set[tuple[int, int]] = set()
+    for r in results:
+        for d in r.context.rendered.drifts:
+            if (d.message_index, d.position) not in seen:
+                seen.add((d.message_index, d.position))
+                acc.drifts[getattr(d, "reason", "unexplained")] += 1
     acc.n["rebuilt"] += 1
     by_hash = {r.got_hash: r.context for r in results}
     for s in samples:
@@ -453,6 +470,11 @@ def _count_figures(events: Sequence[Event], steps: Sequence[Step], end: EpisodeE
                 acc.lag_unknown += 1
 
 
+def _by_reason(counts: Counter) -> dict[str, int]:
+    """The reasons counted (non-zero only), in `DRIFT_REASONS` order."""
+    return {r: n for r, n in count_reasons(counts).items() if n}
+
+
 def _rate(a: float, b: float) -> float | None:
     return round(a / b, 6) if b else None
 
@@ -478,6 +500,11 @@ def _figures(acc: _Acc, trained_at: int | None) -> dict[str, Any]:
         "offline_logs": len(acc.offline),
         "special_tokens_in_content": n["special_tokens_in_content"],
         "special_tokens_in_content_by_log": dict(acc.specials),
+        "samples": n["samples"] if rebuilt else None,
+        "sample_splits": sum(acc.splits.values()) if rebuilt else None,
+        "sample_splits_by_reason": _by_reason(acc.splits) if rebuilt else None,
+        "drifts": sum(acc.drifts.values()) if rebuilt else None,
+        "drifts_by_reason": _by_reason(acc.drifts) if rebuilt else None,
     }
     if trained_at is not None:
         lags = acc.lags

@@ -11,7 +11,7 @@ types and meanings (`PARQUET_SCHEMA` here is its `(name, type)` pairs; `parquet_
 `datasets_features()` the `datasets` features). The JSONL records have the same keys, with `sampling` as
 objects and `policy_versions` as native JSON values instead of JSON text.
 
-File metadata (Parquet only; the columns are the same for every export): `ctxkit` = `training-samples-v1`
+File metadata (Parquet only; the columns are the same for every export): `ctxkit` = `training-samples-v2`
 (`sample_schema.FILE_VERSION`); `ctxkit-info`, JSON given by the writer (`ctxkit samples` records the sources
 and, with `--compressor`, the compressor, its parameters and the budget); `ctxkit-compactions`, JSON list of
 `[episode_id, sample_index, compactions]` for samples rebuilt under another compressor

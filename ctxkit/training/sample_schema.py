@@ -18,7 +18,9 @@ the Parquet row (`to_parquet_row`) and the sample read back (`record_to_sample`)
 column or in `NOT_COLUMNS`, every `property` column a property, nullability as the annotations say);
 tests hold it to that. The Python type of a column is the annotation of its field or property (`Column.python`).
 
-The columns and types are those of `training-samples-v1` files: a change here is a new file version.
+The columns and types are those of `training-samples-v2` files: a change here is a new file version. A v2
+file is a v1 file plus the last column, `split_reason`; `record_to_sample` reads v1 records (no
+`split_reason`) as samples with none for an episode's first sample and `unexplained` for the others.
 """
 
 from __future__ import annotations
@@ -32,12 +34,24 @@ from ctxkit.errors import ConfigError
 from ctxkit.training.episode_samples import TrainingSample
 
 __all__ = [
-    "Column", "FILE_VERSION", "FROM_PREFIX", "NOT_COLUMNS", "ROLES", "SAMPLE_COLUMNS", "column_names",
+    "Column", "FILE_VERSION", "FROM_PREFIX", "NOT_COLUMNS", "READ_VERSIONS", "ROLES", "SAMPLE_COLUMNS", "V1_MISSING",
+    "column_names",
     "from_parquet_row", "record_to_sample", "sample_to_record", "schema_drift", "to_parquet_row",
 ]
 
-FILE_VERSION = "training-samples-v1"
+FILE_VERSION = "training-samples-v2"
 """The `ctxkit` entry of a Parquet export's file metadata: the version of these columns."""
+
+READ_VERSIONS: tuple[str, ...] = ("training-samples-v1", "training-samples-v2")
+"""File versions `record_to_sample` reads (v1: before `split_reason`)."""
+
+def _v1_split_reason(record: Mapping[str, Any]) -> str:
+    """A v1 record's split reason: none for an episode's first sample, else not recorded (`unexplained`)."""
+    return "" if record.get("sample_index") == 0 else "unexplained"
+
+
+V1_MISSING: dict[str, Any] = {"split_reason": _v1_split_reason}
+"""Columns a v1 record lacks -> the function of the record giving the value a sample read from it gets."""
 
 ROLES: tuple[str, ...] = ("field", "tokens", "property", "layout")
 """How a column relates to `TrainingSample` (see the module docstring)."""
@@ -116,6 +130,8 @@ SAMPLE_COLUMNS: tuple[Column, ...] = (
     Column("template_id", "string", "id of the chat template the contexts were rendered with"),
     Column("tokenizer_id", "string", "id of the tokenizer"),
     Column("compressor", "string", "the compressor spec the contexts were built with, as text"),
+    Column("split_reason", "string", "why the sample starts anew (`drift_reasons.DRIFT_REASONS`); empty for an "
+           "episode's first sample"),
 )
 """Every column of a sample file, in file order (see the module docstring)."""
 
@@ -169,6 +185,9 @@ def record_to_sample(record: Mapping[str, Any], *, prefix: Sequence[int] = (),
     kwargs: dict[str, Any] = {}
     for col in SAMPLE_COLUMNS:
         if col.role in ("property", "layout"):
+            continue
+        if col.name not in record and col.name in V1_MISSING:
+            kwargs[col.name] = V1_MISSING[col.name](record)
             continue
         value = record[col.name]
         if col.role == "tokens":

@@ -8,6 +8,10 @@ says so at that step instead of showing a plausible context; a setup failure (no
 id mismatch) is reported for the whole episode. A log that cannot be read at all (a torn or non-JSON
 line, a broken hash chain) is `failed_episode`: no events, its typed error naming the file and line.
 
+Each step also says why the training sample starting there starts anew (`split`: a reason of
+`ctxkit.text.rendering.drift_reasons.DRIFT_REASONS`, None where the step extends the sample before it),
+and its context lists the drifts of its sampled turns `[message index, token position, reason]`.
+
 Size: a context is stored as references into a `Pool` of segments (the tokens of one message span, or a
 piece of the template scaffold between two spans, cut before each special token, with their per-token
 texts and classes), each distinct segment
@@ -30,7 +34,9 @@ from ctxkit.training.offline_steps import OFFLINE_BUDGET
 from ctxkit.context.view import build_view
 from ctxkit.edits import edit_to_dict
 from ctxkit.text.tokenizer.pieces import token_texts
+from ctxkit.text.rendering.drift_reasons import template_default_system
 from ctxkit.training.context_replay import load_events, replay_steps, resolve_setup
+from ctxkit.training.episode_samples import assemble_samples, compacted_steps, episode_meta
 
 __all__ = ["CLASS_CODES", "Pool", "context_segments", "episode_data", "failed_episode", "token_classes"]
 
@@ -129,8 +135,9 @@ def _context(ctx: Any, tok: Any, pool: Pool) -> dict[str, Any]:
         for x, y in zip(starts, starts[1:]):
             segs.append([pool.segment(tok, ids[x:y], codes[x:y], loss[x:y]), msgs[m] if 0 <= m < len(msgs) else -1])
     pinned = sum(1 for c in classes if c == "pinned")
+    drifts = [[d.message_index, d.position, getattr(d, "reason", "unexplained")] for d in ctx.rendered.drifts]
     return {"segs": segs, "n_msgs": len(msgs), "n": ctx.n_tokens, "pinned": pinned, "hash": ctx.hash,
-            "loss": loss.count("1"), "pins_checked": list(ctx.pins_checked)}
+            "loss": loss.count("1"), "pins_checked": list(ctx.pins_checked), "drifts": drifts}
 
 
 def _view_messages(view: Any, pool: Pool) -> list[list[Any]]:
@@ -207,7 +214,9 @@ def episode_data(path: str | Path, pool: Pool, *, tokenizer: Any = None, templat
                 specials=sorted(set(tok.special_tokens.values())))
 
     prev: dict[str, Any] | None = None
-    for r in replay_steps(events, tokenizer=tok, template=tpl):
+    replayed = list(replay_steps(events, tokenizer=tok, template=tpl))
+    splits = _split_reasons(events, [r for r in replayed if r.ok and r.context is not None], tok, tpl)
+    for r in replayed:
         step = r.step
         rec: dict[str, Any] = {
             "index": r.index, "seq": step.seq, "id": step.id, "ok": r.ok, "expected_hash": r.expected_hash,
@@ -216,6 +225,7 @@ def episode_data(path: str | Path, pool: Pool, *, tokenizer: Any = None, templat
                         "lp": None if step.logprobs is None else list(step.logprobs)},
             "logprob_kind": step.logprob_kind, "sampling": dict(step.sampling), "timings": dict(step.timings),
             "finish_reason": step.finish_reason, "policy_version": step.policy_version,
+            "split": splits.get(step.seq),
         }
         if r.ok and r.context is not None:
             rec["context"] = _context(r.context, tok, pool)
@@ -225,6 +235,14 @@ def episode_data(path: str | Path, pool: Pool, *, tokenizer: Any = None, templat
     for rec in data["steps"]:
         rec.get("context", {}).pop("_full", None)
     return data
+
+
+def _split_reasons(events: Sequence[Event], ok: list, tok: Any, tpl: Any) -> dict[Any, str]:
+    """Step seq -> why the training sample starting at that step starts anew (`TrainingSample.split_reason`),
+    from the samples of the steps that replay (the episode's first sample is no split)."""
+    rows = assemble_samples([(r.step, r.token_ids, r.got_hash) for r in ok], episode_meta(events), tokenizer=tok,
+                            compacted=compacted_steps(events), default_system=template_default_system(tpl))
+    return {s.step_seqs[0]: s.split_reason for s in rows if s.split_reason}
 
 
 def _share_prefix(ctx: dict[str, Any], prev: dict[str, Any] | None) -> None:

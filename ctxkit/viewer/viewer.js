@@ -87,6 +87,8 @@ function renderStep(ep, step, box) {
   } else {
     const ctx = step.context;
     h.push(budgetBar(ep, ctx));
+    if (step.split) h.push('<div class="banner split">a new training sample starts here: ' + esc(step.split) + "</div>");
+    if (ctx.drifts && ctx.drifts.length) h.push('<div class="meta drifts">drifts: ' + ctx.drifts.map(d => "message " + d[0] + " at token " + d[1] + " (" + esc(d[2]) + ")").join(" · ") + "</div>");
     h.push(legend());
     h.push('<div class="tokens">' + renderTokens(ep, segsOf(ep, step.index)) + "</div>");
   }

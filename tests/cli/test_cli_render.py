@@ -146,7 +146,40 @@ def test_render_log_keeps_sampled_step_ids(tmp_path, capsys):
     span = out["spans"][-1]
     assert span["role"] == "assistant" and out["token_ids"][span["start"] : span["end"]] == odd
     assert out["drifts"] == [{"message_index": 1, "position": span["start"], "sampled_ids": odd[:2],
-                              "rendered_ids": [9707]}]
+                              "rendered_ids": [9707], "reason": "bpe_merge"}]
+
+
+def _thinking_log(tmp_path):
+    """A Qwen3 log whose sampled turn holds reasoning the template drops once a new user turn follows."""
+    from ctxkit.context.builder import ContextBuilder
+    from ctxkit.events import EpisodeStart, Message, Step
+    from ctxkit.log.event_log import EventLog
+
+    builder = ContextBuilder(str(tokenizer_dir("qwen3")), budget=4096)
+    log = EventLog.create(tmp_path / "think.jsonl", episode_id="ep-t")
+    log.extend([EpisodeStart(episode_id="ep-t", context=builder.describe(), sampler={"seed": 1}),
+                Message(role="user", content="Is 17 prime?")])
+    ctx = builder.build(log)
+    ids = builder.tokenizer.encode("<think>\n17 has no divisors.\n</think>\n\nYes.<|im_end|>")
+    log.append(Step(context_hash=ctx.hash, context_length=ctx.n_tokens, token_ids=tuple(ids), content="Yes.",
+                    reasoning_content="17 has no divisors.", logprobs=tuple([-0.5] * len(ids)),
+                    logprob_kind="processed", sampling={"temperature": 1.0}, policy_version=1))
+    log.append(Message(role="user", content="And 21?"))
+    log.close()
+    return tmp_path / "think.jsonl"
+
+
+def test_render_and_inspect_show_drift_reasons(tmp_path, capsys):
+    log = _thinking_log(tmp_path)
+    qwen3 = str(tokenizer_dir("qwen3"))
+    assert main(["render", str(log), "--tokenizer", qwen3]) == 0
+    (drift,) = json.loads(capsys.readouterr().out)["drifts"]
+    assert (drift["message_index"], drift["reason"], drift["rendered_ids"]) == (1, "thinking_stripped", [])
+    assert main(["inspect", str(log), "--tokenizer", qwen3]) == 0
+    out = capsys.readouterr().out
+    assert "drifts 1 (thinking_stripped 1)" in out
+    assert "drift message 1 at token 14: thinking_stripped  sampled '<think>\\n17 has no divisors.\\n</think>\\n\\n' " \
+           "-> rendered ''" in out
 
 
 def test_render_through_a_vendor_renderer(capsys):
@@ -158,3 +191,38 @@ def test_render_through_a_vendor_renderer(capsys):
     assert len(out["token_ids"]) == 583 and sum(out["loss_mask"]) == 224
     assert main(["inspect", str(EXAMPLE), "--template", "vendor:harmony"]) == 2
     assert "needs --tokenizer" in capsys.readouterr().err
+
+
+def test_render_history_and_template_kwargs(tmp_path, capsys):
+    """`--history template` renders the past sampled turn as Qwen3's template does (no drift: ids equal
+    apply_chat_template); `--template-kwarg` passes a template variable under a distinct template id."""
+    from transformers import AutoTokenizer
+
+    log = _thinking_log(tmp_path)
+    qwen3 = str(tokenizer_dir("qwen3"))
+    hf = AutoTokenizer.from_pretrained(qwen3)
+    messages = [{"role": "user", "content": "Is 17 prime?"},
+                {"role": "assistant", "content": "Yes.", "reasoning_content": "17 has no divisors."},
+                {"role": "user", "content": "And 21?"}]
+    assert main(["render", str(log), "--tokenizer", qwen3, "--history", "template"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["drifts"] == []
+    assert out["token_ids"] == hf.apply_chat_template(messages, tokenize=True, return_dict=False)
+    assert main(["render", str(log), "--tokenizer", qwen3, "--history", "template", "--add-generation-prompt",
+                 "--template-kwarg", "enable_thinking=false"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["template_id"].startswith("tokenizer+enable_thinking=false@sha256:")
+    assert out["token_ids"] == hf.apply_chat_template(messages, tokenize=True, return_dict=False,
+                                                      add_generation_prompt=True, enable_thinking=False)
+    for bad, message in ((["--template-kwarg", "enable_thinking"], "expected KEY=VALUE"),
+                         (["--template-kwarg", "a=1", "--template-kwarg", "a=2"], "given more than once"),
+                         (["--template", "vendor:harmony", "--history", "template"], "chat templates only")):
+        assert main(["render", str(log), "--tokenizer", qwen3, *bad]) == 2
+        assert message in capsys.readouterr().err
+
+
+def test_history_choices_are_the_render_modes():
+    from ctxkit.cli.commands.render_cmd import HISTORY_CHOICES
+    from ctxkit.text.rendering.output import HISTORY_MODES
+
+    assert HISTORY_CHOICES == HISTORY_MODES

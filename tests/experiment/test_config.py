@@ -51,6 +51,12 @@ def test_small_config_parses_into_the_paired_grid(tmp_path):
     (lambda t: t.replace("tokenizer = ", "tokenizer = \"/nonexistent/tok\"\n#"), r"tokenizer '/nonexistent/tok' cannot be loaded"),
     (lambda t: t + "\n[[arms]]\nname = \"x\"\ncompressor = \"window\"\nagent = \"llm\"\n", r"agent 'llm' is not configured"),
     (lambda t: t.replace("[report]", "[[arms]]\nname = \"a/b\"\ncompressor = \"window\"\n[report]"), r"name is 'a/b'"),
+    (lambda t: t.replace('name = "small"', 'name = "small"\nhistory = "kept"'),
+     r"history is 'kept'; expected one of \['sampled', 'template'\]"),
+    (lambda t: t.replace('name = "small"', 'name = "small"\ntemplate_kwargs = "preserve_thinking"'),
+     r"template_kwargs is 'preserve_thinking'; expected a table"),
+    (lambda t: t.replace('name = "small"', 'name = "small"\ntemplate_kwargs = { messages = 1 }'),
+     r"arm 'window'.*would shadow a variable"),
 ])
 def test_bad_configs_fail_before_any_episode_runs(tmp_path, edit, message):
     path = write_config(tmp_path, edit(small_toml()))
@@ -156,3 +162,25 @@ def test_parse_config_defaults():
                         "arms": [{"name": "k", "compressor": "keep-all"}]})
     assert cfg.seeds == (0, 1, 2) and cfg.baseline == "k" and cfg.agents[0].kind == "scripted"
     assert cfg.arms[0].pins is True and cfg.arms[0].budget == 32_768
+
+
+def test_template_kwargs_and_history_reach_every_episode_log_and_replay(tmp_path):
+    """`template_kwargs` and `history` of a config: each episode renders with the kwargs' distinct template
+    (Qwen3 with enable_thinking=false) in the chosen history mode, both recorded, and every log replays."""
+    from ctxkit.events import EpisodeStart
+    from ctxkit.log.event_log import read_events
+
+    text = small_toml(seeds="[0]", top='template_kwargs = { enable_thinking = false }\nhistory = "template"')
+    text = text.replace(str(tokenizer_dir("qwen2.5-instruct")), str(tokenizer_dir("qwen3")))
+    cfg = load_config(write_config(tmp_path, text))
+    assert cfg.template_kwargs == {"enable_thinking": False} and cfg.history == "template"
+    summary = run_experiment(cfg, tmp_path / "run", progress=False, report=False)
+    logs = sorted((tmp_path / "run" / "episodes").glob("*/*.jsonl"))
+    assert len(logs) == 4
+    for path in logs:
+        start = next(e for e in read_events(path) if isinstance(e, EpisodeStart))
+        assert start.context["history"] == "template"
+        assert start.context["template"]["id"].startswith("tokenizer+enable_thinking=false@sha256:")
+        assert start.context["template"]["kwargs"] == {"enable_thinking": False}
+        assert main(["replay", "--verify", str(path)]) == 0
+    assert summary is not None

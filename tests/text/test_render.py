@@ -148,7 +148,7 @@ def test_tito_keeps_sampled_ids_and_reports_drift():
     assert ctx.token_ids[span.start : span.end] == tuple(odd + [151645])
     assert all(ctx.loss_mask[span.start : span.end])
     assert len(ctx.token_ids) == len(reference.token_ids) + 1
-    assert ctx.drifts == (Drift(1, span.start, tuple(odd[:2]), (9707,)),)
+    assert ctx.drifts == (Drift(1, span.start, tuple(odd[:2]), (9707,), "bpe_merge"),)
     # everything after the turn is the template's, shifted by one
     assert ctx.token_ids[span.end :] == reference.token_ids[reference.spans[1].end :]
     assert ctx.spans[2].start == reference.spans[2].start + 1

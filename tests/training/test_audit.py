@@ -214,8 +214,42 @@ def test_figures_are_exact(clean, tmp_path):
     assert fig["tool_timeout_rate"] == pytest.approx(1 / 5, abs=1e-6)
     assert fig["discard_rate"] == 0.0 and fig["abort_rate"] == 0.0 and fig["episode_timeout_rate"] == 0.0
     assert fig["compactions"] >= 1 and fig["steps"] == N_TURNS
+    # every sample after the first starts anew because a compaction rewrote the history; no sampled turn drifts
+    assert fig["samples"] >= 2 and fig["sample_splits"] == fig["samples"] - 1
+    assert fig["sample_splits_by_reason"] == {"compaction": fig["sample_splits"]}
+    assert fig["drifts"] == 0 and fig["drifts_by_reason"] == {}
     quick = audit([path], rebuild=False).figures  # without replay the loss-bearing tokens are unknown, not 0
     assert quick["loss_tokens"] is None and quick["generated_tokens"] == n_gen
+    assert quick["sample_splits_by_reason"] is None and quick["drifts_by_reason"] is None
+
+
+def test_drifts_are_counted_by_reason(tmp_path, capsys):
+    from ctxkit.events import EpisodeEnd, EpisodeStart, Message, Step
+
+    builder = ContextBuilder(str(tokenizer_dir("qwen2.5-instruct")), budget=4096)
+    tok = builder.tokenizer
+    log = EventLog.create(tmp_path / "d.jsonl", episode_id="ep-d")
+    log.extend([EpisodeStart(episode_id="ep-d", context=builder.describe(), sampler={"seed": 1}),
+                Message(role="user", content="Say hello.")])
+    # the policy wrote "Hello world" in pieces the tokenizer would merge: a bpe_merge drift, kept verbatim
+    replies = [tok.encode("Hel") + tok.encode("lo world") + [tok.special_tokens["<|im_end|>"]],
+               tok.encode("Again.<|im_end|>")]
+    for i, ids in enumerate(replies):
+        ctx = builder.build(log)
+        text = tok.decode(ids[:-1])
+        log.append(Step(context_hash=ctx.hash, context_length=ctx.n_tokens, token_ids=tuple(ids), content=text,
+                        logprobs=tuple([-0.5] * len(ids)), logprob_kind="processed", sampling={"temperature": 1.0},
+                        policy_version=1))
+        if i == 0:
+            log.append(Message(role="user", content="Once more."))
+    log.append(EpisodeEnd(outcome="terminated", cause="answered", reward=1.0, reward_kind="scored"))
+    log.close()
+    fig = audit([tmp_path / "d.jsonl"]).figures
+    assert (fig["drifts"], fig["drifts_by_reason"]) == (1, {"bpe_merge": 1})
+    assert (fig["samples"], fig["sample_splits"], fig["sample_splits_by_reason"]) == (1, 0, {})
+    assert main(["audit", str(tmp_path / "d.jsonl")]) == 0
+    out = capsys.readouterr().out
+    assert 'drifts_by_reason: {"bpe_merge": 1}' in out and "sample_splits: 0" in out
 
 
 def test_cli_over_a_run_folder(clean, tmp_path, capsys):

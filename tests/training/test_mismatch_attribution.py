@@ -61,13 +61,13 @@ def test_outside_kept_set_three_ways():
             if r["tokens"]] == [("outside_kept_set", 1, None, 1), ("engine_numerics", 1, 1.0, 0)]
 
 
-def test_drift_by_reason_and_the_unclassified_default():
-    step = _scored(1, [-1] * 5, [0, 0, 0, 0, -1], drifts=[(1, 3, "bpe_merge"), (3, 4, "unclassified")])
+def test_drift_rows_by_reason():
+    step = _scored(1, [-1] * 5, [0, 0, 0, 0, -1], drifts=[(1, 3, "bpe_merge"), (3, 4, "unexplained")])
     att = attribute([step], {LOG: [Step(seq=1, token_ids=(1, 2, 3, 4, 5))]})
     assert [r["cause"] for r in att["kinds"]["processed"]["rows"]] == [
-        "policy_version_lag", "outside_kept_set", "drift:bpe_merge", "drift:unclassified", "compaction_boundary",
+        "policy_version_lag", "outside_kept_set", "drift:bpe_merge", "drift:unexplained", "compaction_boundary",
         "engine_numerics"]
-    assert _rows(att) == {"drift:bpe_merge": (2, 1.0), "drift:unclassified": (1, 1.0), "engine_numerics": (1, 1.0)}
+    assert _rows(att) == {"drift:bpe_merge": (2, 1.0), "drift:unexplained": (1, 1.0), "engine_numerics": (1, 1.0)}
     assert [r["share"] for r in att["kinds"]["processed"]["rows"]] == [0.0, 0.0, 0.5, 0.25, 0.0, 0.25]
 
 
@@ -165,8 +165,8 @@ def test_step_drifts_maps_a_rendered_drift_onto_the_sampled_tokens_it_covers(smo
     log.append(Message(role="user", content="again"))
     later = builder.build(log)
     assert len(later.rendered.drifts) == 1
-    reason = str(getattr(later.rendered.drifts[0], "reason", "unclassified"))  # drift reasons are another change's
-    assert step_drifts(later, {}) == {step.id: {(0, 2, reason)}}
+    assert later.rendered.drifts[0].reason == "bpe_merge"
+    assert step_drifts(later, {}) == {step.id: {(0, 2, "bpe_merge")}}
     assert step_drifts(first, {}) == {}  # no sampled turn in the first context
 
 
@@ -194,12 +194,11 @@ def test_scored_steps_carry_their_drifts_the_last_turn_included(smollm_tok, tmp_
                             content="hello world", logprobs=(-1.0,) * len(sampled), logprob_kind="raw"))
             log.append(Message(role="user", content="again"))
     steps, skipped = score_steps(path, load_causal_lm(None, device="cpu", dtype="float32"))
-    reason = str(getattr(ctx.rendered.drifts[0], "reason", "unclassified")) if ctx.rendered.drifts else "unclassified"
-    assert skipped == 0 and [s.drift_spans for s in steps] == [((0, 2, reason),), ((0, 2, reason),)]
+    assert skipped == 0 and [s.drift_spans for s in steps] == [((0, 2, "bpe_merge"),), ((0, 2, "bpe_merge"),)]
     att = attribute(steps, {str(path): read_events(path)})
     ratios = [np.exp(s.recomputed - s.behaviour) for s in steps]
     out = [(r > 2.0) | (r < 0.5) for r in ratios]
     want_drift = sum(int(o[:2].sum()) for o in out)
     assert want_drift >= 1  # the first sampled piece, `hel` after a greeting, is far from log-prob -1
     rows = {r["cause"]: r["tokens"] for r in att["kinds"]["raw"]["rows"]}
-    assert rows.get(f"drift:{reason}", 0) == want_drift and rows["engine_numerics"] == sum(int(o[2:].sum()) for o in out)
+    assert rows.get("drift:bpe_merge", 0) == want_drift and rows["engine_numerics"] == sum(int(o[2:].sum()) for o in out)

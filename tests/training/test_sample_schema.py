@@ -25,6 +25,8 @@ policy_versions:list<string> finish_reasons:list<string> context_hashes:list<str
 reward_kind:string outcome:string cause:string is_final:bool template_id:string tokenizer_id:string compressor:string
 """.split()
 """Frozen: the columns of a `training-samples-v1` file, in order, with their Arrow types as pyarrow spells them."""
+V2_COLUMNS = V1_COLUMNS + ["split_reason:string"]
+"""Frozen: a `training-samples-v2` file: v1 plus `split_reason` (why a sample starts anew)."""
 
 V1_JSONL = r"""
 {"episode_id": "ep-x", "sample_index": 0, "prefix_sample": null, "prefix_len": 0, "stored_from": 0, "n_tokens": 9, "prompt_len": 4, "token_ids": [1, 2, 3, 4, 10, 11, 90, 91, 12], "loss_mask": [0, 0, 0, 0, 1, 1, 0, 0, 1], "logprobs": [null, null, null, null, -0.5, -0.25, null, null, -1.0], "token_step": [-1, -1, -1, -1, 0, 0, -1, -1, 1], "step_seqs": [2, 5], "logprob_kinds": ["processed", "processed"], "logprob_kind": "processed", "sampling": [{"temperature": 0.7, "top_p": 0.9, "seed": 3}, {"temperature": 0.7, "top_p": 0.9, "seed": 3}], "policy_versions": [7, 7], "finish_reasons": ["stop", "stop"], "context_hashes": ["h2", "h5"], "reward": 0.0, "reward_kind": "tool_failure", "outcome": "terminated", "cause": "tool_failed", "is_final": false, "template_id": "chatml-v1@sha256:aa", "tokenizer_id": "qwen@sha256:bb", "compressor": "window"}
@@ -58,17 +60,17 @@ def test_a_field_missing_from_the_schema_is_drift():
     assert "column 'n_tokens' is no property of Shrunk" in schema_drift(Shrunk)
 
 
-def test_written_columns_are_exactly_v1(tmp_path):
+def test_written_columns_are_exactly_v2(tmp_path):
     require_module("pyarrow")
     import pyarrow.parquet as pq
 
-    names = [c.split(":")[0] for c in V1_COLUMNS]
+    names = [c.split(":")[0] for c in V2_COLUMNS]
     assert column_names() == names == [n for n, _ in PARQUET_SCHEMA] == list(sample_to_record(_samples()[0]))
-    assert [_arrow_text(f) for f in parquet_schema()] == V1_COLUMNS
+    assert [_arrow_text(f) for f in parquet_schema()] == V2_COLUMNS
     written = pq.read_schema(write_samples(_samples(), tmp_path / "s.parquet"))
-    assert [_arrow_text(f) for f in written] == V1_COLUMNS
+    assert [_arrow_text(f) for f in written] == V2_COLUMNS
     assert all(f.nullable for f in written)
-    assert written.metadata[b"ctxkit"] == b"training-samples-v1"
+    assert written.metadata[b"ctxkit"] == b"training-samples-v2"
     lines = write_samples(_samples(), tmp_path / "s.jsonl").read_text().splitlines()
     assert [list(json.loads(line)) for line in lines] == [names] * 2
 
@@ -77,7 +79,23 @@ def test_file_written_before_the_change_reads_back(tmp_path):
     path = tmp_path / "v1.jsonl"
     path.write_text(V1_JSONL, encoding="utf-8")
     assert read_samples(path) == _samples()
-    assert write_samples(read_samples(path), tmp_path / "again.jsonl").read_text(encoding="utf-8") == V1_JSONL
+    # v1 records hold no split_reason: none for the first sample, not recorded for a later one
+    assert [s.split_reason for s in read_samples(path)] == ["", "unexplained"]
+    v2 = "".join(line[:-1] + f', "split_reason": "{r}"}}\n' for line, r in zip(V1_JSONL.splitlines(), ["", "unexplained"]))
+    assert write_samples(read_samples(path), tmp_path / "again.jsonl").read_text(encoding="utf-8") == v2
+
+
+def test_v1_parquet_file_reads_back(tmp_path):
+    require_module("pyarrow")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = write_samples(_samples(), tmp_path / "v2.parquet")
+    table = pq.read_table(path)
+    v1 = table.drop(["split_reason"]).replace_schema_metadata({b"ctxkit": b"training-samples-v1"})
+    pq.write_table(v1, tmp_path / "v1.parquet")
+    assert pa.types.is_string(table.schema.field("split_reason").type)
+    assert read_samples(tmp_path / "v1.parquet") == _samples()
 
 
 @pytest.mark.parametrize("inline", [False, True])

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import tokenizer_dir
+from conftest import require_module, shared_path, tokenizer_dir
 from rollout_driver import Driver
 from ctxkit.context.builder import ContextBuilder
 from ctxkit.errors import ReplayError
@@ -16,7 +16,7 @@ from ctxkit.events import Compaction, EpisodeEnd, EpisodeStart, Message, Step
 from ctxkit.log.event_log import EventLog
 from ctxkit.training.context_replay import replay
 from ctxkit.training.rl_math import masked_mean
-from ctxkit.training.episode_samples import samples
+from ctxkit.training.episode_samples import samples, split_statistics
 
 
 def qwen() -> str:
@@ -99,6 +99,11 @@ def test_compaction_starts_a_new_sample_whose_prompt_is_that_context(tmp_path):
     assert split.token_ids[: split.prompt_len] == replay(log, step=steps.index(first_after)).token_ids
     assert split.prefix_sample == 0 and split.prefix_len > 0  # the system prompt and task are shared, stored once
     assert [s.is_final for s in out] == [False] * (len(out) - 1) + [True]
+    # every split follows a recorded compaction, and says so
+    assert out[0].split_reason == "" and {s.split_reason for s in out[1:]} == {"compaction"}
+    stats = split_statistics(out)
+    assert stats["splits"] == len(out) - 1 and stats["splits_by_reason"]["compaction"] == len(out) - 1
+    assert sum(stats["splits_by_reason"].values()) == stats["splits"] and stats["samples"] == len(out)
     check_faithful(log, out)
 
 
@@ -121,6 +126,7 @@ def test_history_rewriting_template_splits_samples(tmp_path):
     out = samples(log)
     assert len(out) == 2
     assert out[1].prefix_sample == 0 and out[1].prefix_len == 2  # "<s>[INST]" is all the two contexts share
+    assert [s.split_reason for s in out] == ["", "template_rewrite"]  # the moved system prompt, no sampled token
     assert (out[1].reward, out[1].reward_kind, out[1].outcome, out[1].cause) == (None, "limit_truncation", "truncated", "max_steps")
     check_faithful(log, out)
 
@@ -165,3 +171,67 @@ def test_samples_are_faithful_property(tmp_path_factory, n_turns, compressor, bu
     params = {"keep_last": 1} if compressor in ("window", "mask-observations") else {}
     log = run(path, compressor=compressor, budget=budget, n_turns=n_turns, params=params)
     check_faithful(log, samples(log))
+
+
+def _thinking_episode(path, builder, n_questions=3):
+    """Questions answered with reasoning (Qwen3's `<think>` form), each answer sampled as the template writes it
+    when it is the latest turn; a new question makes the template drop the reasoning before it."""
+    tok = builder.tokenizer
+    log = EventLog.create(path, episode_id="ep-t")
+    log.extend([EpisodeStart(episode_id="ep-t", context=builder.describe(), sampler={"seed": 1}),
+                Message(role="user", content="Is 17 prime?")])
+    for q in range(n_questions):
+        ctx = builder.build(log)
+        reasoning, answer = f"Check divisors of {17 + q}.", f"Answer {q}."
+        text = f"<think>\n{reasoning}\n</think>\n\n{answer}<|im_end|>"
+        if tok.decode(list(ctx.token_ids)).endswith("<think>\n"):  # the generation prompt prefilled it
+            text = text[len("<think>\n"):]
+        ids = tok.encode(text)
+        log.append(Step(context_hash=ctx.hash, context_length=ctx.n_tokens, token_ids=tuple(ids), content=answer,
+                        reasoning_content=reasoning, logprobs=tuple([-0.5] * len(ids)), logprob_kind="processed",
+                        sampling={"temperature": 1.0}, policy_version=0))
+        log.append(Message(role="user", content=f"And {18 + q}?"))
+    log.append(EpisodeEnd(outcome="truncated", cause="max_steps", reward=None, reward_kind="limit_truncation"))
+    return log
+
+
+@pytest.mark.parametrize("history, reasons", [("sampled", [""]), ("template", ["", "thinking_stripped", "thinking_stripped"])])
+def test_thinking_history_modes_split_where_the_template_rewrote(tmp_path, history, reasons):
+    """Qwen3 drops earlier reasoning at each new user turn. `sampled` keeps the sampled ids (one sample, a
+    drift per dropped turn); `template` renders history as the template does (ids equal `apply_chat_template`),
+    so a sample starts exactly at each rewrite. Both replay to the recorded hashes; the mode is recorded."""
+    builder = ContextBuilder(str(tokenizer_dir("qwen3")), budget=4096, history=history)
+    log = _thinking_episode(tmp_path / f"{history}.jsonl", builder)
+    assert builder.describe().get("history") == (None if history == "sampled" else "template")
+    assert ContextBuilder.from_description(builder.describe()).history == history
+    out = samples(log)
+    assert [s.split_reason for s in out] == reasons
+    check_faithful(log, out)
+    last = replay(log, step=-1).context
+    assert [d.reason for d in last.rendered.drifts] == (["thinking_stripped"] * 2 if history == "sampled" else [])
+    if history == "template":
+        msgs = [{"role": "user", "content": "Is 17 prime?"}]
+        for q in range(2):
+            msgs += [{"role": "assistant", "content": f"Answer {q}.", "reasoning_content": f"Check divisors of {17 + q}."},
+                     {"role": "user", "content": f"And {18 + q}?"}]
+        hf = builder.tokenizer.hf.apply_chat_template(msgs, tokenize=True, add_generation_prompt=True, return_dict=False)
+        assert list(last.token_ids) == hf
+
+
+def test_keep_reasoning_kwargs_are_recorded_and_replayed(tmp_path):
+    from ctxkit.benchmarks.template_families import family_tokenizer
+    from ctxkit.text.template.chat_template import load_template, with_kwargs
+    from ctxkit.text.tokenizer.loader import load_tokenizer
+
+    require_module("trl")
+    tok = load_tokenizer(str(family_tokenizer("qwen3_6", shared_path(), tmp_path)))
+    keep = with_kwargs(load_template(None, tok), {"preserve_thinking": True})
+    builder = ContextBuilder(tok, keep, budget=4096)
+    desc = builder.describe()["template"]
+    assert desc["kwargs"] == {"preserve_thinking": True} and desc["spec"] is None and desc["id"] == keep.id
+    assert ContextBuilder.from_description(builder.describe(), tokenizer=tok).template.id == keep.id
+    log = _thinking_episode(tmp_path / "keep.jsonl", builder)
+    out = samples(log)  # the template keeps every turn's reasoning: nothing to split, nothing drifts
+    assert [s.split_reason for s in out] == [""] and out[0].template_id == keep.id
+    assert replay(log, step=-1).context.rendered.drifts == ()
+    check_faithful(log, out)

@@ -104,7 +104,8 @@ def test_cli_writes_parquet_readable_by_datasets(tau_log, tmp_path, capsys):
     assert main(["samples", str(tau_log), "--compressor", "window", "--budget", str(BUDGET), "-o", str(out)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == f"{out}: 3 samples from 1 log(s), 15910 tokens, 1599 loss-bearing"
-    assert lines[1].startswith("rebuilt under window-v1 {") and lines[1].endswith(
+    assert lines[1] == "2 split(s) within episodes (compaction 2)"  # both compactions start a sample
+    assert lines[2].startswith("rebuilt under window-v1 {") and lines[2].endswith(
         f"budget={BUDGET}: 2 compaction(s) (recorded in the samples' metadata; the logs are unchanged)")
     assert digest(tau_log) == before
     info = parquet_info(out)

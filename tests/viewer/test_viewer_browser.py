@@ -182,3 +182,19 @@ def test_long_episode_loads(chromium, tmp_path):
           f"last step opened in {open_s:.2f} s")
     assert probe.errors == [] and probe.external == []
     probe.close()
+
+
+def test_split_and_drifts_are_said_at_the_step(chromium, tmp_path):
+    from viewer_fixtures import make_split_log
+
+    out = tmp_path / "split.html"
+    assert main(["view", str(make_split_log(tmp_path)), "-o", str(out)]) == 0
+    probe = PageProbe(chromium)
+    page = probe.open(out)
+    page.locator("details.step").nth(1).locator("summary").click()
+    banner = page.locator(".stepbody .split")
+    banner.wait_for()
+    assert banner.inner_text() == "a new training sample starts here: template_rewrite"
+    assert page.locator(".stepbody .drifts").inner_text() == "drifts: message 2 at token 10 (bpe_merge)"
+    assert probe.errors == [] and probe.external == []
+    probe.close()

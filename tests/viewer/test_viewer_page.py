@@ -23,7 +23,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from viewer_fixtures import (DAMAGES, SIZE_BOUND_200, break_step, damage_log, data_block, import_swe_gym, import_tau,
-                             make_long_episode, make_run, page_data)
+                             make_long_episode, make_run, make_split_log, page_data)
 from ctxkit.cli.parser import main
 from ctxkit.errors import LogFormatError
 from ctxkit.events import Compaction, EpisodeStart, Message, Step
@@ -282,3 +282,15 @@ def test_written_page_has_the_umask_mode(tmp_path, umask):
     finally:
         os.umask(prev)
     assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]  # no temporary file left
+
+
+def test_page_says_where_samples_split_and_why_turns_drift(tmp_path):
+    """Mistral v0.3 moves the system prompt into the last user turn (a split: `template_rewrite`); the policy
+    wrote its first answer in pieces the tokenizer would merge (a drift: `bpe_merge`)."""
+    path = make_split_log(tmp_path)
+    (ep,) = page_data(build_page([path]).html)["episodes"]
+    assert [s["split"] for s in ep["steps"]] == [None, "template_rewrite"]
+    assert ep["steps"][0]["context"]["drifts"] == []
+    (drift,) = ep["steps"][1]["context"]["drifts"]
+    assert drift[0] == 2 and drift[2] == "bpe_merge"  # message 2: the first answer (after system, user)
+    assert "a new training sample starts here" in build_page([path]).html

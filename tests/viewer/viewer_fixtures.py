@@ -214,3 +214,31 @@ class PageProbe:
     def close(self) -> None:
         """Close the page."""
         self.page.close()
+
+
+def make_split_log(tmp: Path) -> Path:
+    """A Mistral v0.3 episode of two steps: the second context moves the system prompt into the new user turn
+    (its sample splits: `template_rewrite`), the first answer was sampled as "▁Fo" + "ur" (a `bpe_merge` drift)."""
+    from ctxkit.context.builder import ContextBuilder
+    from ctxkit.events import EpisodeEnd, EpisodeStart, Message, Step
+    from ctxkit.log.event_log import EventLog
+
+    builder = ContextBuilder(str(tokenizer_dir("mistral-7b-instruct-v0.3")), budget=4096)
+    tok = builder.tokenizer
+    path = tmp / "mis.jsonl"
+    log = EventLog.create(path, episode_id="ep-m")
+    log.extend([EpisodeStart(episode_id="ep-m", context=builder.describe(), sampler={"seed": 1}),
+                Message(role="system", content="Be brief."), Message(role="user", content="What is 2+2?")])
+    # "▁Fo" + "ur" (no word boundary) where the tokenizer writes "▁Four"
+    answers = [tok.encode(" Fo") + [tok.backend.token_to_id("ur"), 29491, 2], tok.encode(" Six.</s>")]  # 29491 ".", 2 "</s>"
+    assert tok.decode(answers[0]) == "Four.</s>" and answers[0][:2] != tok.encode(" Four")[:2]
+    for i, ids in enumerate(answers):
+        ctx = builder.build(log)
+        log.append(Step(context_hash=ctx.hash, context_length=ctx.n_tokens, token_ids=tuple(ids),
+                        content=tok.decode(ids[:-1]).strip(), logprobs=tuple([-0.25] * len(ids)),
+                        logprob_kind="processed", sampling={"temperature": 0.6}, policy_version=3))
+        if i == 0:
+            log.append(Message(role="user", content="What is 3+3?"))
+    log.append(EpisodeEnd(outcome="terminated", cause="answered", reward=1.0, reward_kind="scored"))
+    log.close()
+    return path

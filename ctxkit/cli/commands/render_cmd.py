@@ -8,7 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from ctxkit.cli.commands.argtypes import add_render_options, non_negative_int
-from ctxkit.cli.commands.token_view import LEGEND, ROLE_STYLES, print_tokens
+from ctxkit.cli.commands.token_view import LEGEND, ROLE_STYLES, drift_summary, print_drifts, print_tokens
+
+
+HISTORY_CHOICES = ("sampled", "template")
+"""`--history` values: `ctxkit.text.rendering.output.HISTORY_MODES` (kept literal so `--help` imports nothing)."""
 
 
 def default_tokenizer() -> tuple[str, str | None]:
@@ -72,13 +76,45 @@ def _resolve(args: argparse.Namespace):
     from ctxkit.text.tokenizer.loader import load_tokenizer  # lazy: per command: keeps `ctxkit --help` fast
 
     spec, template = args.tokenizer, args.template
+    kwargs = template_kwargs(args.template_kwarg)
     if isinstance(template, str) and template.startswith("vendor:"):  # a vendor renderer: its own vocabulary
+        if kwargs or args.history != "sampled":
+            from ctxkit.errors import ConfigError  # lazy: per command: keeps `ctxkit --help` fast
+
+            raise ConfigError(f"--template {template}: --template-kwarg and --history apply to chat templates only")
         return (load_tokenizer(spec) if spec is not None else None), template
     if spec is None:
         spec, default_template = default_tokenizer()
         template = template or default_template
     tok = load_tokenizer(spec)
-    return tok, load_template(template, tok)
+    loaded = load_template(template, tok)
+    if kwargs:
+        from ctxkit.text.template.chat_template import with_kwargs  # lazy: per command: keeps `ctxkit --help` fast
+
+        loaded = with_kwargs(loaded, kwargs)
+    return tok, loaded
+
+
+def template_kwargs(pairs: list[str] | None) -> dict[str, Any]:
+    """`--template-kwarg KEY=VALUE` pairs as template variables (VALUE read as JSON, else kept as text);
+    `ConfigError` for a pair without `=` or a key given twice."""
+    import json  # lazy: per command: keeps `ctxkit --help` fast
+
+    from ctxkit.errors import ConfigError  # lazy: per command: keeps `ctxkit --help` fast
+
+    out: dict[str, Any] = {}
+    for pair in pairs or ():
+        key, sep, raw = pair.partition("=")
+        key = key.strip()
+        if not sep or not key.isidentifier():
+            raise ConfigError(f"--template-kwarg {pair!r}: expected KEY=VALUE with KEY a template variable name")
+        if key in out:
+            raise ConfigError(f"--template-kwarg {key}: given more than once")
+        try:
+            out[key] = json.loads(raw)
+        except ValueError:
+            out[key] = raw
+    return out
 
 
 def _render(args: argparse.Namespace):
@@ -88,7 +124,8 @@ def _render(args: argparse.Namespace):
     messages, tools = load_messages(args.file)
     tok, tpl = _resolve(args)
     try:
-        return render(messages, tok, tpl, tools=tools, add_generation_prompt=args.add_generation_prompt), tok
+        return render(messages, tok, tpl, tools=tools, add_generation_prompt=args.add_generation_prompt,
+                      history=args.history), tok
     except (MessageFormatError, RenderError) as exc:
         raise type(exc)(f"{args.file}: {exc}") from None
 
@@ -101,6 +138,11 @@ def _add_common(parser: argparse.ArgumentParser, *, file_required: bool) -> None
                             help="conversation JSON or .jsonl log (default: the bundled example)")
     add_render_options(parser, default="shared qwen2.5-instruct, else tiktoken:o200k_base")
     parser.add_argument("--add-generation-prompt", action="store_true", help="end with the assistant generation prompt")
+    parser.add_argument("--template-kwarg", action="append", metavar="KEY=VALUE",
+                        help="a template variable, as apply_chat_template(**kwargs) passes it (VALUE as JSON, e.g. "
+                             "preserve_thinking=true); a distinct template id; repeatable")
+    parser.add_argument("--history", choices=HISTORY_CHOICES, default="sampled",
+                        help="past sampled turns: their sampled ids (default) or as the template renders them")
 
 
 def register_render(subparsers) -> None:
@@ -128,7 +170,7 @@ def _render_main(args: argparse.Namespace) -> int:
         "tokenizer_id": ctx.tokenizer_id,
         "prefix_preserving": ctx.prefix_preserving,
         "drifts": [{"message_index": d.message_index, "position": d.position, "sampled_ids": list(d.sampled_ids),
-                    "rendered_ids": list(d.rendered_ids)} for d in ctx.drifts],
+                    "rendered_ids": list(d.rendered_ids), "reason": d.reason} for d in ctx.drifts],
     }
     sys.stdout.write(orjson.dumps(out, option=orjson.OPT_INDENT_2 if args.indent else 0).decode() + "\n")
     return 0
@@ -139,7 +181,8 @@ def register_inspect(subparsers) -> None:
     parser = subparsers.add_parser(
         "inspect", help="show a rendered conversation token by token, colored by role",
         description="Show a rendered conversation in the terminal: tokens colored by role, loss-masked tokens "
-                    "bold and underlined, special tokens boxed, and a per-role token count.")
+                    "bold and underlined, special tokens boxed, a per-role token count, and each drift of a "
+                    "sampled turn with its reason.")
     _add_common(parser, file_required=False)
     parser.add_argument("--max-tokens", type=non_negative_int, default=None, metavar="N", help="show only the first N tokens")
     parser.set_defaults(func=_inspect_main)
@@ -174,7 +217,8 @@ def _inspect_main(args: argparse.Namespace) -> int:
     table.add_row("total", str(len(ctx.token_ids)), str(sum(ctx.loss_mask)))
     console.print(table)
     console.print(f"tokenizer {ctx.tokenizer_id}  ·  template {ctx.template_id}  ·  "
-                  f"prefix-preserving {'yes' if ctx.prefix_preserving else 'no'}  ·  drifts {len(ctx.drifts)}")
+                  f"prefix-preserving {'yes' if ctx.prefix_preserving else 'no'}  ·  drifts {drift_summary(ctx.drifts)}", soft_wrap=True)
+    print_drifts(console, tok, ctx.drifts)
     console.print(f"hash {ctx.hash}")
     console.print(LEGEND)
     return 0

@@ -10,7 +10,7 @@ from typing import Any
 
 from ctxkit.cli.commands.argtypes import add_recorded_overrides, int_at_least, non_negative_int
 from ctxkit.cli.commands.outputs import add_force
-from ctxkit.cli.commands.token_view import LEGEND, ROLE_STYLES, print_tokens
+from ctxkit.cli.commands.token_view import LEGEND, ROLE_STYLES, drift_summary, print_drifts, print_tokens
 
 
 def register_replay(subparsers: Any) -> None:
@@ -104,7 +104,9 @@ def _show_context(ctx: Any, tokenizer: Any, max_tokens: int | None) -> None:
     console.print(table)
     counts = Counter(rendered.roles)
     console.print("tokens by role: " + ", ".join(f"{r} {counts[r]}" for r in ROLE_STYLES if counts.get(r)))
-    console.print(f"tokenizer {rendered.tokenizer_id}  ·  template {rendered.template_id}  ·  drifts {len(rendered.drifts)}")
+    console.print(f"tokenizer {rendered.tokenizer_id}  ·  template {rendered.template_id}  ·  "
+                  f"drifts {drift_summary(rendered.drifts)}", soft_wrap=True)
+    print_drifts(console, tokenizer, rendered.drifts)
     console.print(f"hash {ctx.hash}")
     console.print(LEGEND)
 
@@ -147,7 +149,7 @@ def _samples(args: argparse.Namespace) -> int:
     from ctxkit.errors import ConfigError, ReplayError  # lazy: per command: keeps `ctxkit --help` fast
     from ctxkit.training.sample_files import write_samples  # lazy: per command: keeps `ctxkit --help` fast
     # lazy: per command: keeps `ctxkit --help` fast
-    from ctxkit.training.episode_samples import compressed_samples, samples
+    from ctxkit.training.episode_samples import compressed_samples, samples, split_statistics
 
     rebuild = _rebuild_options(args)
     out = check_output(args.output, "-o", probe=True, force=args.force)
@@ -186,6 +188,9 @@ def _samples(args: argparse.Namespace) -> int:
     n_tok = sum(len(s.token_ids) for s in rows)
     n_loss = sum(s.n_sampled for s in rows)
     print(f"{shown(args.output)}: {len(rows)} samples from {len(logs)} log(s), {n_tok} tokens, {n_loss} loss-bearing")
+    stats = split_statistics(rows)
+    by = ", ".join(f"{r} {n}" for r, n in stats["splits_by_reason"].items() if n)
+    print(f"{stats['splits']} split(s) within episodes" + (f" ({by})" if by else ""))
     if rebuild is not None and rebuild["on_overflow"] == "truncate":
         cut = sorted({s.episode_id for s in rows if s.cause == "context_budget"})
         print(f"{len(cut)} episode(s) cut where a context could not fit {rebuild['budget']} tokens (outcome truncated, "

@@ -46,3 +46,25 @@ def print_tokens(console: Any, tok: Any, token_ids: Sequence[int], roles: Sequen
     console.print(text)
     if max_tokens is not None and len(token_ids) > max_tokens:
         console.print(f"[grey50]... {len(token_ids) - max_tokens} more tokens[/]")
+
+
+def drift_summary(drifts: Sequence[Any]) -> str:
+    """`N` or `N (reason n, ...)`: the drifts of a context counted by reason, in `DRIFT_REASONS` order."""
+    from ctxkit.text.rendering.drift_reasons import count_reasons  # lazy: per command: keeps `ctxkit --help` fast
+
+    counts = count_reasons([getattr(d, "reason", "unexplained") for d in drifts])
+    by = ", ".join(f"{r} {n}" for r, n in counts.items() if n)
+    return f"{len(drifts)} ({by})" if drifts else "0"
+
+
+def print_drifts(console: Any, tok: Any, drifts: Sequence[Any], limit: int = 20) -> None:
+    """One line per drift (the first `limit`): message, token position, reason, sampled vs rendered text."""
+    from rich.markup import escape  # lazy: per command: keeps `ctxkit --help` fast
+
+    for d in list(drifts)[:limit]:
+        sampled, rendered = tok.decode(list(d.sampled_ids)), tok.decode(list(d.rendered_ids))
+        console.print(f"  drift message {d.message_index} at token {d.position}: "
+                      f"[bold]{getattr(d, 'reason', 'unexplained')}[/]  sampled {escape(repr(sampled))} "
+                      f"-> rendered {escape(repr(rendered))}", soft_wrap=True)
+    if len(drifts) > limit:
+        console.print(f"  ... {len(drifts) - limit} more drift(s)")

@@ -12,7 +12,7 @@ import bisect
 import hashlib
 import struct
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from ctxkit.errors import RenderError
 from ctxkit.text.rendering.state import RenderState
@@ -43,6 +43,9 @@ class Drift:
     """The differing run of sampled ids (kept in the context)."""
     rendered_ids: tuple[int, ...]
     """The run the template plus tokenizer would have produced in their place."""
+    reason: str = "unexplained"
+    """Why they differ: one of `ctxkit.text.rendering.drift_reasons.DRIFT_REASONS` (decided from the whole
+    sampled and rendered turn by `classify_drift`)."""
 
 
 @dataclass(frozen=True)
@@ -107,8 +110,21 @@ def _index(region) -> int:
     return region.index
 
 
-def assemble(st: RenderState, profile: Any, template_id: str, tokenizer_id: str, changed: int) -> RenderedContext:
+HISTORY_MODES: tuple[str, ...] = ("sampled", "template")
+"""How a sampled turn the template re-renders otherwise enters the context: `sampled` keeps the sampled ids
+verbatim everywhere (prefix-preserving; each such turn is a `Drift` with its reason); `template` puts the
+template's own render in place of a turn whose reasoning it drops from history (`thinking_stripped`), so the
+context equals `apply_chat_template` there and the next training sample starts where the template rewrote
+history (any other drift keeps the sampled ids, as in `sampled`)."""
+
+Classify = Callable[[Sequence[int], Sequence[int]], str]
+"""`(sampled turn ids, rendered turn ids) -> reason` (`drift_reasons.classify_drift` bound to a tokenizer)."""
+
+
+def assemble(st: RenderState, profile: Any, template_id: str, tokenizer_id: str, changed: int,
+             classify: Classify | None = None, history: str = "sampled") -> RenderedContext:
     """The context of the last render; `changed` is the first rendered token that may differ from last time.
+    `classify` gives each new drift its reason (None: `unexplained`); `history` is one of `HISTORY_MODES`.
 
     Sampled-id substitutions are kept between renders: those wholly before `changed` (same turn,
     same token range) are reused with the output before them; only later ones are redone. The output
@@ -117,7 +133,7 @@ def assemble(st: RenderState, profile: Any, template_id: str, tokenizer_id: str,
     subs = st.subs
     cut, shift = (subs[-1].z, subs[-1].shift) if subs else (0, 0)
     reused_to = cut
-    out_at = _substitute(st, produced, profile.end_of_turn_id, cut, shift)
+    out_at = _substitute(st, produced, profile.end_of_turn_id, cut, shift, classify, history == "template")
     drifts = [subs[j].drift for j in st.sub_cols[3]]
     ids, mask, roles = st.ids, st.mask, st.roles
     if not out_at:  # every substitution (if any) is an identity
@@ -170,9 +186,11 @@ def _kept_subs(st: RenderState, changed: int) -> list:
     return produced
 
 
-def _substitute(st: RenderState, produced: list, eot_id: int | None, cut: int, shift: int) -> int:
+def _substitute(st: RenderState, produced: list, eot_id: int | None, cut: int, shift: int,
+                classify: Classify | None = None, template_history: bool = False) -> int:
     """Put the sampled ids of the `produced` regions in place (after the kept substitutions, which end at
-    rendered token `cut` with cumulative `shift`), extending `st.out`; return the new `st.out_at`."""
+    rendered token `cut` with cumulative `shift`), extending `st.out`; return the new `st.out_at`. With
+    `template_history`, a turn whose drift is `thinking_stripped` keeps the template's render instead."""
     ids, mask, roles = st.ids, st.mask, st.roles
     subs = st.subs
     sub_ends, sub_shift, sub_index, drift_at = st.sub_cols
@@ -188,22 +206,30 @@ def _substitute(st: RenderState, produced: list, eot_id: int | None, cut: int, s
         n = z - a
         sub_ends.append(z)
         sub_index.append(r.index)
-        if (len(sampled) == n and rendered == list(sampled) and mask[a:z].count(1) == n
-                and roles[a:z].count("assistant") == n):  # an identity: its output is the render itself
+        identity = (len(sampled) == n and rendered == list(sampled) and mask[a:z].count(1) == n
+                    and roles[a:z].count("assistant") == n)
+        compare = rendered
+        finished_by_length = (eot_id is not None and (not sampled or sampled[-1] != eot_id) and bool(rendered)
+                              and rendered[-1] == eot_id)
+        if finished_by_length:
+            compare = rendered[:-1]  # finished by length: the template's end-of-turn stays, as scaffold
+        reason = None
+        if not identity and list(sampled) != compare:
+            reason = classify(sampled, compare) if classify is not None else "unexplained"
+            identity = template_history and reason == "thinking_stripped"
+        if identity:  # its output is the render itself
             subs.append(Sub(r.index, a, z, a + shift, z + shift, shift, None))
             sub_shift.append(shift)
             continue
         out_ids, out_mask, out_roles = list(sampled), [1] * len(sampled), ["assistant"] * len(sampled)
-        compare = rendered
-        if eot_id is not None and (not sampled or sampled[-1] != eot_id) and rendered and rendered[-1] == eot_id:
-            compare = rendered[:-1]  # finished by length: the template's end-of-turn stays, as scaffold
+        if finished_by_length:
             out_ids.append(eot_id)
             out_mask.append(0)
             out_roles.append("scaffold")
         pos0 = a + shift
         drift = None
-        if list(sampled) != compare:
-            drift = _drift(r.index, pos0, sampled, compare)
+        if reason is not None:
+            drift = _drift(r.index, pos0, sampled, compare, reason)
             drift_at.append(len(subs))
         o_ids += ids[out_at:a]
         o_ids += out_ids
@@ -219,9 +245,9 @@ def _substitute(st: RenderState, produced: list, eot_id: int | None, cut: int, s
     return out_at
 
 
-def _drift(index: int, pos0: int, sampled: Sequence[int], compare: list[int]) -> Drift:
+def _drift(index: int, pos0: int, sampled: Sequence[int], compare: list[int], reason: str) -> Drift:
     """The `Drift` of message `index`'s sampled ids against the rendered ones (`compare`), the turn's
-    output starting at token `pos0`: the differing run between their common prefix and suffix."""
+    output starting at token `pos0`: the differing run between their common prefix and suffix, and why."""
     p = 0
     limit = min(len(sampled), len(compare))
     while p < limit and sampled[p] == compare[p]:
@@ -229,7 +255,7 @@ def _drift(index: int, pos0: int, sampled: Sequence[int], compare: list[int]) ->
     q = 0
     while q < limit - p and sampled[-1 - q] == compare[-1 - q]:
         q += 1
-    return Drift(index, pos0 + p, tuple(sampled[p : len(sampled) - q]), tuple(compare[p : len(compare) - q]))
+    return Drift(index, pos0 + p, tuple(sampled[p : len(sampled) - q]), tuple(compare[p : len(compare) - q]), reason)
 
 
 def _output_changed(st: RenderState, changed: int) -> int:

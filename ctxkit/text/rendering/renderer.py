@@ -29,7 +29,9 @@ append costs one template render. Otherwise, and whenever the check fails, it re
 conversation.
 
 Token-in-token-out: an assistant dict may carry `"token_ids"` (the sampled ids). They replace the
-rendered ids of that turn's produced region verbatim; where they differ, a `Drift` is recorded. If
+rendered ids of that turn's produced region verbatim; where they differ, a `Drift` is recorded with its
+reason (`drift_reasons.classify_drift`). With `history="template"` a turn whose reasoning the template drops
+from history keeps the template's render instead (`output.HISTORY_MODES`). If
 the sampled ids lack the end-of-turn token (finish by length), the template's end-of-turn token stays
 in the context as scaffold with mask 0.
 
@@ -54,7 +56,8 @@ from ctxkit.errors import ConfigError, MessageFormatError, SpecialTokenError
 from ctxkit.text.rendering import splice as splicing
 from ctxkit.text.rendering.cut import cut_messages
 from ctxkit.text.rendering.mask import locate, relabel, special_literals, special_report
-from ctxkit.text.rendering.output import Drift, MessageSpan, RenderedContext, assemble, context_hash
+from ctxkit.text.rendering.drift_reasons import classify_drift
+from ctxkit.text.rendering.output import HISTORY_MODES, Drift, MessageSpan, RenderedContext, assemble, context_hash
 from ctxkit.text.rendering.segments import SegmentCache, made_calls, message_key, safe_opener, strings_in
 from ctxkit.text.rendering.splice import SpliceHint
 from ctxkit.text.rendering.state import RenderState, reset_rendered
@@ -80,7 +83,12 @@ class IncrementalRenderer:
     Holds its configuration and one `RenderState` (`state`); the steps of a render are functions over it."""
 
     def __init__(self, tokenizer, template: ChatTemplate | str | None = None, tools: Sequence[Mapping] | None = None,
-                 special_tokens: str | Mapping[str, str] | None = None, segments: SegmentCache | None = None):
+                 special_tokens: str | Mapping[str, str] | None = None, segments: SegmentCache | None = None,
+                 history: str = "sampled"):
+        if history not in HISTORY_MODES:
+            raise ConfigError(f"IncrementalRenderer: history is {history!r}; expected one of {list(HISTORY_MODES)}")
+        self.history = history
+        """How sampled turns the template re-renders otherwise enter the context (`output.HISTORY_MODES`)."""
         self.tokenizer: Tokenizer = load_tokenizer(tokenizer)
         """The tokenizer."""
         self.segments = segments
@@ -226,6 +234,9 @@ class IncrementalRenderer:
             st.tail_regions = (st.tail_regions[0], st.tail_regions[1], len(st.chat) - n)
         splicing.expect_splice(st, hint, a, s)
 
+    def _classify(self, sampled: Sequence[int], rendered: Sequence[int]) -> str:
+        return classify_drift(sampled, rendered, self.tokenizer)
+
     def _render_text(self, chat: list[dict], agp: bool) -> str:
         return self.template.render_chat(chat, tools=self._tools_plain, add_generation_prompt=agp)
 
@@ -249,7 +260,7 @@ class IncrementalRenderer:
                 st.kept_tail = None  # used by this render's tokenization or by none
                 relabel_from = locate(st, profile, render_text, template_id, text, add_generation_prompt, stable)
                 changed = relabel(st, min(stable, relabel_from))
-            ctx = assemble(st, profile, template_id, self.tokenizer.id, changed)
+            ctx = assemble(st, profile, template_id, self.tokenizer.id, changed, self._classify, self.history)
             if st.specials:
                 ctx = replace(ctx, special_tokens_in_content=special_report(st, self._policy, text))
             return ctx
@@ -279,10 +290,11 @@ def render(
     tools: Sequence[Mapping[str, Any]] | None = None,
     add_generation_prompt: bool = False,
     special_tokens: str | Mapping[str, str] | None = None,
+    history: str = "sampled",
 ) -> RenderedContext:
     """Render OpenAI messages to token ids, loss mask, roles and spans (see module docstring).
     `special_tokens`: what to do with special-token text in content (`ctxkit.text.special_tokens`; default:
-    escape it in tool content, allow it elsewhere).
+    escape it in tool content, allow it elsewhere); `history`: one of `output.HISTORY_MODES`.
 
     `template="vendor:<name>"` (`ctxkit.text.vendor`: `mistral-v3`, `mistral-v7`, `mistral-tekken`, `harmony`,
     `harmony-keep-analysis`) renders through the vendor's own renderer instead of a chat template: the ids
@@ -295,7 +307,7 @@ def render(
                               "(the vendor encodes content itself); leave it None")
         return render_vendor(messages, template, tools, add_generation_prompt,
                              tokenizer=None if tokenizer is None else load_tokenizer(tokenizer))
-    renderer = IncrementalRenderer(tokenizer, template, tools, special_tokens)
+    renderer = IncrementalRenderer(tokenizer, template, tools, special_tokens, history=history)
     renderer.extend(messages)
     return renderer.render(add_generation_prompt=add_generation_prompt)
 

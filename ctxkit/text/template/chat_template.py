@@ -188,6 +188,25 @@ def with_clock(template: ChatTemplate, clock: datetime) -> ChatTemplate:
     return replace(template, clock=clock, sha256=sha, options={**template.options, "strftime_now": clock.isoformat()})
 
 
+def with_kwargs(template: ChatTemplate, kwargs: Mapping[str, Any]) -> ChatTemplate:
+    """`template` rendered with extra template variables, as `apply_chat_template(..., **kwargs)` passes them
+    (e.g. `{"preserve_thinking": True}`, `{"truncate_history_thinking": False}`, `{"clear_thinking": False}`):
+    a distinct template whose name lists them (`tokenizer+preserve_thinking=true`) and whose sha256 covers
+    them, so its id differs from the plain template's and a run records which variant it chose. Empty
+    `kwargs`: `template` itself. A kwarg that shadows a special-token variable is a `TemplateError`."""
+    extra = plain_value(dict(kwargs), "template kwargs")
+    if not extra:
+        return template
+    clash = sorted(set(extra) & set(template.variables))
+    if clash or {"messages", "tools", "add_generation_prompt"} & set(extra):
+        raise TemplateError(f"template {template.name}: kwargs {clash or sorted(extra)} would shadow a variable "
+                            "the renderer passes")
+    text = json.dumps(extra, sort_keys=True, ensure_ascii=False)
+    label = ",".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in sorted(extra.items()))
+    return replace(template, name=f"{template.name}+{label}", sha256=_sha256(template.sha256 + "\nkwargs " + text),
+                   variables={**template.variables, **extra}, options={**template.options, "kwargs": extra})
+
+
 def _base_sha256(template: ChatTemplate) -> str:
     """The sha256 `load_template` gives `template` under the default clock."""
     if template.origin == "tokenizer":
@@ -254,5 +273,5 @@ def load_template(spec: str | Path | ChatTemplate | None, tokenizer, *, limits: 
 
 __all__ = [
     "ChatTemplate", "DEFAULT_LIMITS", "RENDER_CLOCK", "RENDER_OPTIONS", "RenderLimits", "available_templates",
-    "load_template", "normalize_messages", "plain_value", "template_manifest", "with_clock",
+    "load_template", "normalize_messages", "plain_value", "template_manifest", "with_clock", "with_kwargs",
 ]

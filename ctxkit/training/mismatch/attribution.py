@@ -13,7 +13,8 @@ in this fixed order (`CAUSES`):
    it), or the recorded support size differs from the trainer's (`ScoredStep.recomputed_support`), so the two
    renormalize over different sets.
 3. `drift:<reason>`: the token lies in a drift of its turn (`ScoredStep.drift_spans`: a later context's
-   template re-rendering would tokenize it differently), `<reason>` the drift's (`unclassified` when none).
+   template re-rendering would tokenize it differently), `<reason>` the drift's typed reason
+   (`ctxkit.text.rendering.drift_reasons`; `unexplained` when no rule applies).
 4. `compaction_boundary`: the step is the first one after a `Compaction` with edits (between the previous
    step and this one in its log), and the token is among its first `boundary_tokens` sampled tokens: the
    first tokens the policy drew from the compacted context.

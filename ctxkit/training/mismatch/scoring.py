@@ -87,7 +87,7 @@ class ScoredStep:
     drift_spans: tuple[tuple[int, int, str], ...] = ()
     """`(start, end, reason)` per drift of this turn: the sampled tokens `[start, end)` (indices into `token_ids`)
     that a later context's template re-rendering would tokenize differently (`Drift`, found by `step_drifts`);
-    `reason` is the drift's reason, `unclassified` where the record has none."""
+    `reason` is the drift's reason (`ctxkit.text.rendering.drift_reasons`)."""
     recomputed_support: np.ndarray | None = None
     """Per sampled token, how many ids the trainer-side processed distribution keeps (its finite entries)."""
 
@@ -295,7 +295,7 @@ def step_drifts(context: Any, found: dict[str, set]) -> dict[str, set]:
         last = min(n, first + max(1, len(drift.sampled_ids)))
         if first < n:
             found.setdefault(msg.provenance.event_ids[0], set()).add(
-                (first, last, str(getattr(drift, "reason", "unclassified"))))
+                (first, last, drift.reason))
     return found
 
 
