@@ -296,8 +296,15 @@ def fig_replay_samples(ws: Workspace, s: dict[str, Any]) -> str:
     out = [f"Worked example, from the quickstart run (scripted agents, `calculator-chain`, seed 0, {n_steps} steps):",
            "", "```bash"]
     for cmd in cmds:
-        out += [cmd, "#   " + ws.sh(cmd).strip().split("\n")[-1]]
+        out += [cmd] + ["#   " + line for line in printed_summary(ws.sh(cmd).strip().split("\n"))]
     return "\n".join(out + ["```"])
+
+
+def printed_summary(lines: list[str]) -> list[str]:
+    """What a README excerpt shows of a command's output: from `ctxkit samples`' summary line on (its split
+    and cut lines follow it), else its last line."""
+    start = next((i for i, line in enumerate(lines) if " samples from " in line), None)
+    return lines[start:] if start is not None else lines[-1:]
 
 
 SAMPLE_ARMS = (
@@ -388,7 +395,8 @@ def fig_trajectory_samples(ws: Workspace, s: dict[str, Any]) -> str:
         for cmd in cmds:
             printed = ws.sh(cmd).strip().split("\n")
             keep = [line for line in printed if not line.startswith("rebuilt under")]
-            out += [cmd] + ["#   " + line for line in keep[-2:]]
+            shown = printed_summary(keep) if any(" samples from " in line for line in keep) else keep[-2:]
+            out += [cmd] + ["#   " + line for line in shown]
     ws.timings["tau-samples"] = f"{duration(load.wall)}, {load},"
     return "\n".join(out + ["```"])
 
