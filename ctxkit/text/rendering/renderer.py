@@ -25,8 +25,10 @@ Text: for a template `template_locality` finds local (Qwen2.5, SmolLM2, chatml-t
 which rewrites earlier turns, nor Mistral), `IncrementalRenderer` renders only a short suffix window
 of the conversation after its first render (`text.template.locality.window_delta`), checked against the
 text already known; the window's old part is taken from an earlier build's core (`RenderState.core_marks`), so an
-append costs one template render. Otherwise, and whenever the check fails, it renders the whole
-conversation.
+append costs one template render. A template that is not local but whose main loop's iterations read only their
+message, neighbours and names set before the loop (Qwen3: `text.template.iteration_reuse`) renders its prelude,
+first and newest iterations and keeps the others' text from the last render (`window.reused_text`). Otherwise,
+and whenever a check fails, it renders the whole conversation.
 
 Token-in-token-out: an assistant dict may carry `"token_ids"` (the sampled ids). They replace the
 rendered ids of that turn's produced region verbatim; where they differ, a `Drift` is recorded with its
@@ -64,6 +66,7 @@ from ctxkit.text.rendering.state import RenderState, reset_rendered
 from ctxkit.text.rendering.tokens import retokenize
 from ctxkit.text.rendering.window import rendered_text
 from ctxkit.text.special_tokens import encode_escaped, find_special_tokens, resolve_special_tokens
+from ctxkit.text.template.iteration_reuse import render_pieces
 from ctxkit.text.template.profile import template_profile
 from ctxkit.text.template.chat_template import ChatTemplate, load_template, normalize_messages, plain_value
 from ctxkit.text.tokenizer.loader import Tokenizer, load_tokenizer
@@ -104,6 +107,8 @@ class IncrementalRenderer:
         self._profile = template_profile(self.tokenizer, self.template)
         self._opener = safe_opener(self.tokenizer, self._profile.turn_opener) if segments is not None else None
         self._special_len = {i: len(t) for t, i in self.tokenizer.special_tokens.items()}
+        plan = self._profile.reuse
+        self._reuse = (self._render_pieces, plan.reach) if plan.ok and not self._profile.locality.local else None
         self.state = RenderState(structural_ok=bool(self._profile.generation_prompt and self._profile.end_of_turn))
         """The messages held and what the last render left (`ctxkit.text.rendering.state`)."""
 
@@ -124,6 +129,11 @@ class IncrementalRenderer:
     def full_renders(self) -> int:
         """Renders of the whole conversation through the template."""
         return self.state.full_renders
+
+    @property
+    def reuse_renders(self) -> int:
+        """Renders that kept the template's earlier loop iterations (`text.template.iteration_reuse`)."""
+        return self.state.reuse_renders
 
     @property
     def splice_renders(self) -> int:
@@ -240,17 +250,20 @@ class IncrementalRenderer:
     def _render_text(self, chat: list[dict], agp: bool) -> str:
         return self.template.render_chat(chat, tools=self._tools_plain, add_generation_prompt=agp)
 
+    def _render_pieces(self, chat: list[dict], agp: bool, lead: int, start: int):
+        return render_pieces(self.template, self._profile.reuse, chat, self._tools_plain, agp, lead, start)
+
     def render(self, add_generation_prompt: bool = False) -> RenderedContext:
         """The context for the messages so far (ids equal `apply_chat_template(..., tokenize=True)`)."""
         st, profile, render_text = self.state, self._profile, self._render_text
-        text = rendered_text(st, render_text, profile.locality, add_generation_prompt)
+        text = rendered_text(st, render_text, profile.locality, add_generation_prompt, self._reuse)
         st.last_agp = add_generation_prompt
         template_id = self.template.id
         try:
             if st.escape:  # locate first, then tokenize with the escaped occurrences as plain text
-                core, head = st.core, st.head
+                core, head, base = st.core, st.head, st.reuse_base
                 reset_rendered(st)
-                st.core, st.head = core, head
+                st.core, st.head, st.reuse_base = core, head, base
                 locate(st, profile, render_text, template_id, text, add_generation_prompt, 0)
                 st.ids, st.starts = encode_escaped(self.tokenizer, text, special_literals(st, self._policy, template_id, text))
                 st.text = ""  # no incremental reuse of an escaped tokenization

@@ -86,6 +86,10 @@ class RenderState:
     """`(m, length of its core)` of earlier cores the current one extends (`cut.set_core`)."""
     head: str | None = None
     """Render of the first `reach` messages (see `window_delta`), or None."""
+    reuse_base: tuple[int, str, list[int], str] | None = None
+    """`(m, text, ends, snapshot)`: a render through the marked template (`text.template.iteration_reuse`)
+    whose main loop's first `m` iterations are the first `m` messages' (`cut` lowers `m`), `ends[i]` the end
+    char of iteration `i`'s text in `text`, `snapshot` the values the loop read; or None."""
     subs: list[Any] = field(default_factory=list)
     """Sampled-id substitutions (`output.Sub`) of the last output, in order."""
     sub_cols: tuple[list, list, list, list] = field(default_factory=lambda: ([], [], [], []))
@@ -121,6 +125,8 @@ class RenderState:
     """Renders whose text came from a suffix window (`text.template.locality.window_delta`)."""
     full_renders: int = 0
     """Renders of the whole conversation through the template."""
+    reuse_renders: int = 0
+    """Renders that kept the main loop's earlier iterations from `reuse_base` (`window.reused_text`)."""
     splice_renders: int = 0
     """Renders whose text was spliced from the previous text and windows around a changed block."""
     tail_reuses: int = 0
@@ -133,7 +139,7 @@ def reset_rendered(st: RenderState) -> None:
     st.text, st.roles, st.mask = "", [], []
     st.ids, st.starts, st.sp_ends, st.sp_tok = [], [], [], []
     st.regions, st.prefix_max, st.unresolved = [], [], []
-    st.final, st.located, st.mode, st.core = None, 0, "", None
+    st.final, st.located, st.mode, st.core, st.reuse_base = None, 0, "", None, None
     st.new_at, st.gp_at = 0, []
     st.hash_cp = []
     st.subs, st.out, st.out_at = [], ([], [], []), 0

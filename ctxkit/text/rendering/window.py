@@ -4,12 +4,16 @@ Part of `ctxkit.text.rendering.renderer`. For a template `template_locality` fin
 the text from `splice.spliced_text` when a splice is expected, else from a suffix window
 (`text.template.locality.window_delta`) checked against the core (`RenderState.core`, the render of the
 first messages without the generation prompt), whose old part may come from an earlier core's checkpoint
-(`window_mark`). Whenever a check fails, and for any other template, the whole conversation is rendered.
+(`window_mark`). For a template that is not local but whose main loop's iterations may be kept
+(`text.template.iteration_reuse`), `reused_text` renders the prelude, the first `reach` iterations and the
+iterations from `m - reach` on, and keeps the text of those between from the last such render of `m` messages.
+Whenever a check fails, and for any other template, the whole conversation is rendered.
 """
 
 from __future__ import annotations
 
 import bisect
+from itertools import accumulate
 from typing import Any, Callable
 
 from ctxkit.errors import TemplateError
@@ -19,13 +23,20 @@ from ctxkit.text.rendering.state import RenderState
 from ctxkit.text.template.locality import window_delta, window_start
 
 Render = Callable[[list, bool], str]
+Pieces = Callable[[list, bool, int, int], Any]
+"""`(chat, agp, lead, start) -> iteration_reuse.Pieces | None`: a marked render writing iterations `< lead`
+and `>= start`."""
 
 
-def rendered_text(st: RenderState, render: Render, locality: Any, agp: bool) -> str:
+def rendered_text(st: RenderState, render: Render, locality: Any, agp: bool,
+                  reuse: tuple[Pieces, int] | None = None) -> str:
     """The full rendered text with `agp` (see the module docstring); `render`: `(chat, agp) -> text` by the
-    template, `locality`: its `Locality`. Counts the render in `st.window_renders` or `st.full_renders`."""
+    template, `locality`: its `Locality`; `reuse`: `(pieces, reach)` when the template's loop iterations may be
+    kept (`ReusePlan`). Counts the render in `st.window_renders`, `st.reuse_renders` or `st.full_renders`."""
     if st.splice is not None and (spliced := spliced_text(st, render, locality, agp)) is not None:
         return spliced
+    if reuse is not None and (reused := reused_text(st, reuse[0], reuse[1], agp)) is not None:
+        return reused
     chat, core = st.chat, st.core
     local, reach, prompt = locality.local, locality.reach, locality.prompt
     if local and core is not None:
@@ -63,3 +74,39 @@ def window_mark(st: RenderState, reach: int, m: int, stretch: int = 4) -> tuple[
     if k < 0 or marks[k][0] < j - stretch or marks[k][0] <= max(1, reach):
         return None
     return marks[k]
+
+
+def reused_text(st: RenderState, pieces: Pieces, reach: int, agp: bool) -> str | None:
+    """The full text with `agp` through the marked template: the earlier iterations kept from `st.reuse_base`
+    when its snapshot is this render's, else every iteration rendered (a new base); None when the markers do
+    not cut the render as expected (the caller renders the plain template)."""
+    chat, base, lead = st.chat, st.reuse_base, reach
+    n = len(chat)
+    if base is not None and base[0] - reach > lead and base[0] <= n:
+        m, old, ends, snapshot = base
+        start = m - reach
+        got = pieces(chat, agp, lead, start)
+        if got is not None and got.snapshot == snapshot:
+            head = got.prelude + "".join(got.iterations[:lead])
+            a, b = ends[lead - 1], ends[start - 1]
+            shift = len(head) - a
+            tail = got.iterations[lead:]
+            new_ends = (_ends(len(got.prelude), got.iterations[:lead]) + [e + shift for e in ends[lead:start]]
+                        + _ends(b + shift, tail))
+            text = "".join((head, old[a:b], *tail, got.epilogue))
+            st.reuse_base = (n, text, new_ends, snapshot)
+            st.reuse_renders += 1
+            return text
+    got = pieces(chat, agp, n, n)
+    if got is None:
+        st.reuse_base = None
+        return None
+    text = "".join((got.prelude, *got.iterations, got.epilogue))
+    st.reuse_base = (n, text, _ends(len(got.prelude), got.iterations), got.snapshot)
+    st.full_renders += 1
+    return text
+
+
+def _ends(offset: int, texts: list[str]) -> list[int]:
+    """End char of each of `texts` written one after another from `offset`."""
+    return list(accumulate(map(len, texts), initial=offset))[1:]

@@ -138,11 +138,16 @@ class ChatTemplate:
     def render_chat(self, chat: list[dict], *, tools: Any = None, add_generation_prompt: bool = False) -> str:
         """Render messages already normalized (`normalize_messages`) with plain tool schemas (or None)."""
         compiled = compile_template(self.source, self.sha256, self.name)
+        variables = self.render_variables(chat, tools, add_generation_prompt)
+        return render_sandboxed(compiled, self.limits, variables, f"template {self.id}")
+
+    def render_variables(self, chat: list[dict], tools: Any, add_generation_prompt: bool) -> dict[str, Any]:
+        """The variables a render of `chat` gets (as transformers passes them, with this template's clock)."""
         variables = {"messages": chat, "tools": tools, "documents": None,
                      "add_generation_prompt": add_generation_prompt, **self.variables}
         if self.clock != RENDER_CLOCK:  # a render variable shadows the sandbox's global of the same name
             variables["strftime_now"] = clock_function(self.clock)
-        return render_sandboxed(compiled, self.limits, variables, f"template {self.id}")
+        return variables
 
 
 def template_manifest() -> tuple[Any, dict[str, Any]]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ctxkit.errors import TemplateError
+from ctxkit.text.template.iteration_reuse import ReusePlan, reuse_plan
 from ctxkit.text.template.locality import Locality, locality_scan, trailing_prompt, window_delta
 from ctxkit.text.template.chat_template import ChatTemplate, normalize_messages, plain_value
 
@@ -70,6 +71,8 @@ class TemplateProfile:
     """System text the template inserts when the conversation has no system message."""
     locality: Locality
     """Whether windowed rendering is exact, and the neighbour reach (`Locality.reach`)."""
+    reuse: ReusePlan
+    """Whether a render may keep the main loop's earlier iterations (`text.template.iteration_reuse`)."""
     notes: tuple[str, ...] = ()
     """Anything that failed while probing (e.g. the template rejects the tool probe)."""
     probe_error: str | None = None
@@ -164,7 +167,8 @@ def _build_profile(tok, tpl: ChatTemplate) -> TemplateProfile:
         tokenizer_id=getattr(tok, "id", str(tok)), template_id=tpl.id,
         end_of_turn_id=tok.special_tokens.get(eot) if eot else None, markers=markers, turn_opener=opener,
         turn_closers=closers, turn_starts=facts.pop("starts", ()),
-        generation_markers=tpl.has_generation_markers, locality=_locality(tpl), **facts,
+        generation_markers=tpl.has_generation_markers, locality=_locality(tpl),
+        reuse=reuse_plan(tpl.source, frozenset(tpl.variables)), **facts,
     )
 
 

@@ -154,9 +154,9 @@ def _build_environment():
     loop_names = frozenset(n for n in dir(LoopContext) if not n.startswith("_"))
 
     class Sandbox(ImmutableSandboxedEnvironment):
-        """The sandbox transformers uses, with the limits of the module docstring and two fast paths
-        that give the same results: an item of a plain dict (what templates receive) and a public
-        attribute of `loop`."""
+        """The sandbox transformers uses, with the limits of the module docstring and three fast paths
+        that give the same results: an item of a plain dict (what templates receive), a public
+        attribute of `loop` and one of a namespace."""
 
         intercepted_binops = frozenset({"*", "+", "%", "**"})
         code_generator_class = LimitedCodeGenerator
@@ -169,6 +169,11 @@ def _build_environment():
                     return self.undefined(obj=obj, name=attribute)
             if type(obj) is LoopContext and attribute in loop_names:
                 return getattr(obj, attribute)
+            if type(obj) is TemplateNamespace and attribute[:1] != "_":  # what Jinja's checks let through
+                try:
+                    return getattr(obj, attribute)
+                except AttributeError:
+                    return self.undefined(obj=obj, name=attribute)
             return super().getattr(obj, attribute)
 
         def unsafe_undefined(self, obj, attribute):

@@ -1,0 +1,300 @@
+"""Rendering a growing conversation from a message on, the main loop's earlier iterations kept.
+
+A template that rewrites history (Qwen3: a namespace computed from the whole list before its loop over
+messages, `loop.last` inside it) is not local (`locality`), so an append used to re-render every message.
+Its main loop's iterations are still independent: Jinja resets `{% set %}` names on every iteration, so
+the text iteration `i` writes depends only on what its body reads. `reuse_plan` reads the syntax tree and
+accepts a template whose main loop (`{% for message in messages %}` at the top level) reads nothing but:
+message `i`, `messages[0]`, neighbours `messages[loop.index0 +- k]` (`k <= reach`), `loop.first / last /
+index / index0 / previtem / nextitem`, names the template sets before the loop (the *snapshot*, e.g.
+`ns`), the generation-prompt flag, and values every render is given alike (tools, special tokens, globals,
+macros that read only their arguments). Refused, with the reason: `messages|length` or other whole-list
+uses in the body, `loop.length / revindex / changed / cycle`, a namespace attribute assigned in the body,
+`break`, a macro reading a template variable, includes and imports.
+
+`render_pieces` renders a copy of the template (compiled once per template) whose loop writes only
+iterations `< lead` and `>= start`, each after a marker, and prints the snapshot before the loop. After
+appending to `m` messages whose render is known, `start = m - reach` and `lead = reach`: every iteration
+in `[lead, start)` reads messages below `m` only (unchanged), `loop.last` is false in both renders, and
+its backward neighbours do not wrap to the list's end (those of the first `reach` iterations may: they
+are re-rendered). So when the snapshot's text equals the earlier render's, those iterations' text equals
+the earlier text, and the whole render is the fresh prelude and lead, the kept middle, and the fresh tail
+(`text.rendering.window.resumed_text`). Exact by construction; tests compare with full renders.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from ctxkit.text.template.chat_template import ChatTemplate
+from ctxkit.text.template.sandbox import compile_template, render_sandboxed, sandbox_environment
+
+_LOOP_ATTRS = frozenset({"first", "last", "index", "index0", "previtem", "nextitem"})
+_CONSTANT = frozenset({"tools", "documents"})
+"""Render variables every render of one renderer is given alike (besides the template's `variables`)."""
+_NONCE = secrets.token_hex(8)
+SECTION = f"\x1ectxkit-section-{_NONCE}\x1e"
+"""Marks the snapshot's ends and the loop's end in a marked render (random per process)."""
+ITERATION = f"\x1ectxkit-iteration-{_NONCE}\x1e"
+"""Opens each iteration a marked render writes."""
+LEAD, START, SNAPSHOT = "__ctxkit_lead", "__ctxkit_start", "__ctxkit_snapshot"
+
+
+@dataclass(frozen=True)
+class ReusePlan:
+    """Whether a template's main loop may be rendered from a message on (`reuse_plan`), and how."""
+
+    ok: bool
+    """Iterations before a start may be taken from an earlier render (module docstring)."""
+    reason: str
+    """Empty when ok; otherwise what ruled it out."""
+    reach: int = 1
+    """Farthest neighbour the loop body reads (`messages[loop.index0 + 2]` reaches 2; at least 1)."""
+    names: tuple[str, ...] = ()
+    """Names the loop body reads whose values may differ between renders: printed as the snapshot."""
+
+
+@dataclass(frozen=True)
+class Pieces:
+    """A marked render cut at its markers."""
+
+    prelude: str
+    """The text before the main loop."""
+    snapshot: str
+    """The snapshot's text (`ReusePlan.names`' values as the loop saw them)."""
+    iterations: list[str]
+    """The text of each iteration written (`< lead`, then `>= start`), in order."""
+    epilogue: str
+    """The text after the loop."""
+
+
+def _is_messages(n, nodes) -> bool:
+    return isinstance(n, nodes.Name) and n.name == "messages"
+
+
+def reuse_plan(source: str, constant: frozenset[str] = frozenset()) -> ReusePlan:
+    """The plan for template `source` (module docstring); `constant`: render variables given alike to
+    every render besides tools and documents (the template's special-token variables)."""
+    import jinja2  # lazy: jinja2 loads on first use
+    from jinja2 import nodes  # lazy: jinja2 loads on first use
+
+    try:
+        tree = sandbox_environment().parse(source)
+    except jinja2.exceptions.TemplateSyntaxError as exc:
+        return ReusePlan(False, f"syntax error: {exc.message}")
+    if any(True for _ in tree.find_all((nodes.Extends, nodes.Include, nodes.Import, nodes.FromImport, nodes.Block))):
+        return ReusePlan(False, "extends, includes, imports or blocks")
+    main = _main_loop(tree, nodes)
+    if isinstance(main, str):
+        return ReusePlan(False, main)
+    top_set = {name for stmt in tree.body if stmt is not main for name in _stored(stmt, nodes)}
+    macros = {m.name: m for m in tree.body if isinstance(m, nodes.Macro)}
+    scan = _BodyScan(nodes)
+    for child in main.body:
+        scan.visit(child, True)
+    problems = scan.problems
+    reached, todo = set(), [n for n in scan.loaded if n in macros]
+    while todo:
+        name = todo.pop()
+        if name in reached:
+            continue
+        reached.add(name)
+        problems += _macro_problems(macros[name], top_set, macros, todo, nodes)
+    if problems:
+        return ReusePlan(False, "; ".join(dict.fromkeys(problems)))
+    targets = set(_stored(main.target, nodes))
+    fixed = _CONSTANT | constant | set(sandbox_environment().globals)
+    names = sorted(n for n in scan.loaded - targets - {"messages", "loop"} - set(macros)
+                   if n in top_set or n not in fixed and n not in scan.stored or n == "add_generation_prompt")
+    return ReusePlan(True, "", scan.reach, tuple(names))
+
+
+def _main_loop(tree, nodes):
+    """The top-level `for ... in messages` loop that writes text (others over the list, scans that set a
+    namespace, are part of the prelude), or why there is none to use."""
+    loops = [n for n in tree.find_all(nodes.For) if _is_messages(n.iter, nodes)]
+    top = [n for n in tree.body if isinstance(n, nodes.For) and _is_messages(n.iter, nodes) and _writes(n, nodes)]
+    if len(top) != 1 or any(inner is not top[0] for inner in top[0].find_all(nodes.For) if inner in loops):
+        return f"{len(loops)} loops over messages, {len(top)} writing text at the top level (expected exactly one)"
+    main = top[0]
+    if main.recursive or main.test is not None or main.else_:
+        return f"line {main.lineno}: the loop over messages is filtered, recursive or has an else"
+    return main
+
+
+def _writes(loop, nodes) -> bool:
+    """Whether a loop's body writes anything (text that is not empty, or a value)."""
+    return any(not (isinstance(c, nodes.TemplateData) and not c.data)
+               for out in loop.find_all(nodes.Output) for c in out.nodes)
+
+
+def _stored(node, nodes) -> list[str]:
+    """Names a statement assigns (set, set block, for and with targets, a macro's name), at any depth outside
+    macro bodies (a macro's parameters and locals are its own)."""
+    if isinstance(node, nodes.Macro):
+        return [node.name]
+    if isinstance(node, nodes.Name):
+        return [node.name] if node.ctx in ("store", "param") else []
+    return [name for child in node.iter_child_nodes() for name in _stored(child, nodes)]
+
+
+def _macro_problems(macro, top_set: set[str], macros: dict, todo: list, nodes) -> list[str]:
+    """Why a macro the loop calls makes iterations depend on more than they read (and the macros it calls
+    go to `todo`)."""
+    problems = []
+    own = {a.name for a in macro.args} | {n.name for n in macro.find_all(nodes.Name) if n.ctx in ("store", "param")}
+    for n in macro.find_all(nodes.Name):
+        if n.ctx != "load" or n.name in own:
+            continue
+        if n.name in macros:
+            todo.append(n.name)
+        elif n.name == "messages" or n.name in top_set:
+            problems.append(f"line {n.lineno}: macro {macro.name} reads {n.name}")
+    if any(True for _ in macro.find_all(nodes.NSRef)):
+        problems.append(f"macro {macro.name} assigns a namespace attribute")
+    return problems
+
+
+class _BodyScan:
+    """Walks the main loop's body: what it loads and stores, its reach, and what breaks independence."""
+
+    def __init__(self, nodes):
+        self.nodes = nodes
+        self.loaded: set[str] = set()
+        self.stored: set[str] = set()
+        self.problems: list[str] = []
+        self.reach = 1
+
+    def _offset(self, arg) -> int | None:
+        nodes = self.nodes
+        if self._loop_attr(arg, ("index0", "index")):
+            return 0 if arg.attr == "index0" else 1
+        if (isinstance(arg, (nodes.Add, nodes.Sub)) and self._loop_attr(arg.left, ("index0", "index"))
+                and isinstance(arg.right, nodes.Const) and type(arg.right.value) is int):
+            offset = arg.right.value * (1 if isinstance(arg, nodes.Add) else -1)
+            return offset + (arg.left.attr == "index")
+        return None
+
+    def _loop_attr(self, n, names) -> bool:
+        nodes = self.nodes
+        return (isinstance(n, nodes.Getattr) and isinstance(n.node, nodes.Name) and n.node.name == "loop"
+                and n.attr in names)
+
+    def visit(self, n, main: bool) -> None:
+        """Visit `n`; `main`: `loop` here is the main loop's (not an inner loop's)."""
+        nodes = self.nodes
+        if isinstance(n, nodes.For):
+            self.visit(n.iter, main)
+            for child in n.else_:
+                self.visit(child, main)
+            for child in [n.target, *n.body] + ([n.test] if n.test is not None else []):
+                self.visit(child, False)
+            return
+        if isinstance(n, nodes.Break) and main:
+            self.problems.append(f"line {n.lineno}: break in the loop over messages")
+        elif isinstance(n, nodes.NSRef):
+            self.problems.append(f"line {n.lineno}: namespace attribute assigned in the loop ({n.name}.{n.attr})")
+        elif isinstance(n, nodes.Getitem) and _is_messages(n.node, nodes):
+            arg = n.arg
+            if isinstance(arg, nodes.Const) and arg.value == 0:
+                return
+            offset = self._offset(arg) if main else None
+            if offset is None:
+                self.problems.append(f"line {n.lineno}: messages[...] other than messages[0] or a neighbour")
+            else:
+                self.reach = max(self.reach, abs(offset))
+            return
+        elif _is_messages(n, nodes):
+            if not self._truth_use:
+                self.problems.append(f"line {n.lineno}: the message list used as a whole")
+            return
+        elif isinstance(n, nodes.Getattr) and isinstance(n.node, nodes.Name) and n.node.name == "loop":
+            if main and n.attr not in _LOOP_ATTRS:
+                self.problems.append(f"line {n.lineno}: loop.{n.attr} in the loop over messages")
+            return
+        elif isinstance(n, nodes.Name):
+            if n.name == "loop" and main and n.ctx == "load":
+                self.problems.append(f"line {n.lineno}: the loop object used as a whole")
+            (self.loaded if n.ctx == "load" else self.stored).add(n.name)
+            return
+        elif isinstance(n, nodes.Macro):
+            self.stored.add(n.name)
+        for child in n.iter_child_nodes():
+            self._truth_use = self._is_truth_use(n, child)
+            self.visit(child, main)
+        self._truth_use = False
+
+    _truth_use = False
+
+    def _is_truth_use(self, parent, child) -> bool:
+        """`messages` as a truth value: an `if`'s or `and`/`or`/`not`'s operand."""
+        nodes = self.nodes
+        if not _is_messages(child, nodes):
+            return False
+        return (isinstance(parent, (nodes.And, nodes.Or, nodes.Not))
+                or isinstance(parent, (nodes.If, nodes.CondExpr)) and child is parent.test)
+
+
+_COMPILED: dict[str, Any] = {}
+_LOCK = threading.Lock()
+
+
+def _marked_template(template: ChatTemplate, plan: ReusePlan):
+    """The compiled copy of `template` with the markers and the lead / start test (module docstring)."""
+    from jinja2 import nodes  # lazy: jinja2 loads on first use
+
+    key = f"{template.sha256}:reuse"
+    with _LOCK:
+        hit = _COMPILED.get(key)
+    if hit is not None:
+        return hit
+    env = sandbox_environment()
+    tree = env.parse(template.source)
+    main = _main_loop(tree, nodes)
+    line = main.lineno
+    index0 = nodes.Getattr(nodes.Name("loop", "load"), "index0", "load")
+    test = nodes.Or(nodes.Compare(index0, [nodes.Operand("lt", nodes.Name(LEAD, "load"))]),
+                    nodes.Compare(index0, [nodes.Operand("gteq", nodes.Name(START, "load"))]))
+    main.body = [nodes.If(test, [nodes.Output([nodes.TemplateData(ITERATION)]), *main.body], [], [])]
+    snapshot = nodes.Call(nodes.Name(SNAPSHOT, "load"), [nodes.Name(n, "load") for n in plan.names], [], None, None)
+    at = tree.body.index(main)
+    tree.body[at:at + 1] = [nodes.Output([nodes.TemplateData(SECTION), snapshot, nodes.TemplateData(SECTION)]),
+                            main, nodes.Output([nodes.TemplateData(SECTION)])]
+    for node in tree.find_all(nodes.Node):
+        if node.lineno is None:
+            node.lineno = line
+    tree.set_environment(env)
+    compiled = compile_template(tree, key, template.name)
+    with _LOCK:
+        _COMPILED[key] = compiled
+    return compiled
+
+
+def _snapshot(*values: Any) -> str:
+    """The text a snapshot compares by: each value's type and repr (an object without a value repr shows its
+    identity, so it never compares equal across renders: a full render then)."""
+    return repr([(type(v).__name__, v) for v in values])
+
+
+def render_pieces(template: ChatTemplate, plan: ReusePlan, chat: list[dict], tools: Any, agp: bool,
+                  lead: int, start: int) -> Pieces | None:
+    """Render `chat` through the marked copy of `template`, writing iterations `< lead` and `>= start`;
+    None when the markers do not cut it as expected (a message's text holding one)."""
+    compiled = _marked_template(template, plan)
+    variables = template.render_variables(chat, tools, agp)
+    variables.update({LEAD: lead, START: start, SNAPSHOT: _snapshot})
+    text = render_sandboxed(compiled, template.limits, variables, f"template {template.id}")
+    parts = text.split(SECTION)
+    if len(parts) != 4:
+        return None
+    iterations = parts[2].split(ITERATION)
+    n = len(chat)
+    if iterations[0] or len(iterations) - 1 != min(lead, n) + max(0, n - max(start, lead)):
+        return None
+    return Pieces(parts[0], parts[1], iterations[1:], parts[3])
+
+
+__all__ = ["ITERATION", "SECTION", "Pieces", "ReusePlan", "render_pieces", "reuse_plan"]

@@ -1,0 +1,188 @@
+"""Keeping a template's earlier loop iterations (`ctxkit.text.template.iteration_reuse`): which templates the
+syntax-tree plan accepts and why it refuses the others, and renders that keep iterations equal to full renders
+(Qwen3's own template, hand-written templates with a snapshot, wide reach and `loop.last`), with cuts,
+snapshot changes and message text that holds the markers."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import tokenizer_dir
+from ctxkit.text.rendering.renderer import IncrementalRenderer, render
+from ctxkit.text.template.chat_template import load_template
+from ctxkit.text.template.iteration_reuse import ITERATION, SECTION, render_pieces, reuse_plan
+from ctxkit.text.template.profile import template_profile
+from ctxkit.text.tokenizer.loader import load_tokenizer
+from render_cases import conversation
+
+# A namespace set before the loop from the whole list (the last user message), `loop.last`, a neighbour two
+# back and one ahead: not local, but every iteration reads only what the plan allows.
+SNAPSHOT_TEMPLATE = (
+    "{% set ns = namespace(last_user=-1) %}"
+    "{% for m in messages %}{% if m.role == 'user' %}{% set ns.last_user = loop.index0 %}{% endif %}{% endfor %}"
+    "[{{ messages|length }}]"
+    "{% for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}"
+    "{% if loop.index0 > ns.last_user %}+{% endif %}{% if loop.last %}$last{% endif %}"
+    "{% if loop.index0 >= 2 and messages[loop.index0 - 2].role == 'tool' %}*{% endif %}"
+    "{% if not loop.last and messages[loop.index0 + 1].role == 'tool' %}>{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def _tok(name: str = "qwen2.5-instruct"):
+    return load_tokenizer(str(tokenizer_dir(name)))
+
+
+@pytest.mark.parametrize("source,reason,names,reach", [
+    (SNAPSHOT_TEMPLATE, "", ("ns",), 2),
+    ("{% for m in messages %}{{ m.content }}{% if loop.last %}!{% endif %}{% endfor %}", "", (), 1),
+    ("{% set sys = messages[0].content %}{% for m in messages %}{{ sys }}{{ m.content }}{% endfor %}",
+     "", ("sys",), 1),
+    ("{% for m in messages %}{% if add_generation_prompt %}g{% endif %}{{ m.content }}{% endfor %}",
+     "", ("add_generation_prompt",), 1),
+    ("{% for m in messages %}{{ m.content }}{{ messages|length }}{% endfor %}", "as a whole", (), 1),
+    ("{% for m in messages %}{{ m.content }}{{ messages[-1].role }}{% endfor %}", "messages[...]", (), 1),
+    ("{% for m in messages %}{{ loop.length }}{% endfor %}", "loop.length", (), 1),
+    ("{% for m in messages %}{% if loop.changed(m.role) %}.{% endif %}{% endfor %}", "loop.changed", (), 1),
+    ("{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}{{ ns.n }}{% endfor %}",
+     "namespace attribute assigned", (), 1),
+    ("{% for m in messages %}{% if m.role == 'x' %}{% break %}{% endif %}{{ m.content }}{% endfor %}", "break", (), 1),
+    ("{% set x = 1 %}{% macro f(c) %}{{ c }}{{ x }}{% endmacro %}{% for m in messages %}{{ f(m.content) }}{% endfor %}",
+     "macro f reads x", (), 1),
+    ("{% macro f(c) %}[{{ c }}]{% endmacro %}{% for m in messages %}{{ f(m.content) }}{% endfor %}", "", (), 1),
+    ("{% for m in messages %}{{ m.content }}{% endfor %}{% for m in messages %}{{ m.role }}{% endfor %}",
+     "2 writing text", (), 1),
+    ("{% set loop_messages = messages[1:] %}{% for m in loop_messages %}{{ m.content }}{% endfor %}",
+     "0 writing text", (), 1),
+    ("{% for m in messages %}{% include 'x' %}{% endfor %}", "includes", (), 1),
+])
+def test_reuse_plan(source, reason, names, reach):
+    """The plan accepts a loop whose body reads its message, neighbours, `messages[0]`, `loop.first/last`,
+    names set before the loop (the snapshot) and the prompt flag; it names what rules the others out."""
+    plan = reuse_plan(source)
+    assert plan.ok == (not reason)
+    assert reason in plan.reason if reason else plan.reason == ""
+    if plan.ok:
+        assert (plan.names, plan.reach) == (names, reach)
+
+
+def test_qwen3_plan():
+    """Qwen3's own template: not local (its namespace and `loop.last` rewrite history), its loop reusable
+    with the namespace as the snapshot."""
+    tok = _tok("qwen3")
+    profile = template_profile(tok, load_template(None, tok))
+    assert not profile.locality.local
+    assert (profile.reuse.ok, profile.reuse.names, profile.reuse.reach) == (True, ("ns",), 1)
+
+
+def test_marked_render_is_the_plain_render():
+    """With every iteration written, the marked render cut at its markers is the plain render."""
+    tok = _tok("qwen3")
+    tpl = load_template(None, tok)
+    msgs, tools = conversation(random.Random(3), "qwen3")
+    chat = [dict(m) for m in msgs]
+    plan = template_profile(tok, tpl).reuse
+    got = render_pieces(tpl, plan, chat, tools, True, len(chat), len(chat))
+    assert got.prelude + "".join(got.iterations) + got.epilogue == tpl.render_chat(chat, tools=tools,
+                                                                                   add_generation_prompt=True)
+    assert len(got.iterations) == len(chat) and got.snapshot.startswith("[('TemplateNamespace', <Namespace")
+
+
+def test_qwen3_agent_episode_keeps_iterations():
+    """The benchmark's agent loop on Qwen3: after the first renders every render keeps the earlier
+    iterations, and each equals a fresh full render; a new user query changes the snapshot (the namespace's
+    last query index), so that render is whole and the next ones keep iterations again."""
+    from ctxkit.benchmarks.render_bench import build_episode
+
+    tok = _tok("qwen3")
+    head, steps, tools = build_episode(10, seed=4)
+    inc = IncrementalRenderer(tok, tools=tools)
+    inc.extend(head)
+    msgs = list(head)
+    for k, pair in enumerate(steps):
+        inc.extend(pair)
+        msgs += pair
+        if k == 6:
+            query = {"role": "user", "content": "And the other file?"}
+            inc.append(query)
+            msgs.append(query)
+        assert inc.render(add_generation_prompt=True) == render(msgs, tok, tools=tools, add_generation_prompt=True)
+    assert (inc.full_renders, inc.reuse_renders, inc.window_renders) == (2, 8, 0)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_qwen3_random_conversations_with_cuts(seed):
+    """Random Qwen3 conversations (reasoning, several calls, system or not), rendered after random appends
+    with and without the prompt, cut back at random points and grown again: every render equals a full
+    render."""
+    tok = _tok("qwen3")
+    rng = random.Random(f"reuse-{seed}")
+    kept = 0
+    for _ in range(4):
+        msgs, tools = conversation(rng, "qwen3")
+        inc = IncrementalRenderer(tok, tools=tools)
+        held: list[dict] = []
+        for m in msgs:
+            inc.append(m)
+            held.append(m)
+            if rng.random() < 0.25 and len(held) > 2:  # cut back, render, and append the same messages again
+                n = rng.randrange(1, len(held))
+                inc.cut(n)
+                assert inc.render() == render(held[:n], tok, tools=tools)
+                inc.extend(held[n:])
+            agp = rng.random() < 0.5
+            assert inc.render(add_generation_prompt=agp) == render(held, tok, tools=tools, add_generation_prompt=agp)
+        kept += inc.reuse_renders
+    assert kept > 0
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(roles=st.lists(st.sampled_from(["user", "assistant", "tool", "system"]), min_size=1, max_size=24),
+       cuts=st.lists(st.integers(0, 30), max_size=3), agps=st.lists(st.booleans(), min_size=1, max_size=8))
+def test_snapshot_template_equals_full_render(tmp_path_factory, roles, cuts, agps):
+    """Hypothesis over role sequences, appends, cuts and prompt flags on `SNAPSHOT_TEMPLATE` (snapshot,
+    reach 2 both ways, `loop.last`, and a prelude that prints the list's length): every render equals a full
+    render of the messages held."""
+    path = tmp_path_factory.getbasetemp() / "snapshot.jinja"
+    path.write_text(SNAPSHOT_TEMPLATE)
+    tok = _tok()
+    inc = IncrementalRenderer(tok, str(path))
+    held: list[dict] = []
+    for i, role in enumerate(roles):
+        batch = [{"role": role, "content": f"{role} {i}"}]
+        if role == "tool":  # a result answers a call made just before it
+            call = {"id": f"c{i}", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+            batch = [{"role": "assistant", "content": f"call {i}", "tool_calls": [call]},
+                     {"role": "tool", "tool_call_id": f"c{i}", "content": f"tool {i}"}]
+        inc.extend(batch)
+        held += batch
+        if cuts and i % 5 == 4:
+            n = cuts.pop() % len(held)
+            inc.cut(n)
+            if n:
+                assert inc.render() == render(held[:n], tok, str(path))
+            inc.extend(held[n:])
+        agp = agps[i % len(agps)]
+        assert inc.render(add_generation_prompt=agp) == render(held, tok, str(path), add_generation_prompt=agp)
+
+
+@pytest.mark.parametrize("marker", [SECTION, ITERATION])
+def test_marker_in_content_falls_back(marker):
+    """A message holding a marker's text (tool output is untrusted) does not cut the marked render as
+    expected: the plain template renders it, and the result still equals a full render."""
+    tok = _tok("qwen3")
+    msgs = [{"role": "user", "content": "hi"}]
+    inc = IncrementalRenderer(tok, special_tokens="allow")
+    inc.extend(msgs)
+    inc.render()
+    for k in range(4):
+        m = {"role": "assistant", "content": f"a{k}"} if k % 2 == 0 else {"role": "user", "content": f"u {marker} {k}"}
+        inc.append(m)
+        msgs.append(m)
+        assert inc.render(add_generation_prompt=True) == render(msgs, tok, add_generation_prompt=True,
+                                                                special_tokens="allow")
+    assert inc.state.reuse_base is None and inc.reuse_renders == 0
