@@ -13,11 +13,22 @@ from hypothesis import strategies as st
 
 from conftest import tokenizer_dir
 from ctxkit.text.rendering.renderer import IncrementalRenderer, render
+from ctxkit.text.rendering.window import rendered_text
 from ctxkit.text.template.chat_template import load_template
 from ctxkit.text.template.iteration_reuse import ITERATION, SECTION, render_pieces, reuse_plan
 from ctxkit.text.template.profile import template_profile
 from ctxkit.text.tokenizer.loader import load_tokenizer
 from render_cases import conversation
+
+# The same loop over `loop_messages`, which skips a leading system message (Llama 3, Gemma 3, Nemotron 3).
+ALIAS_TEMPLATE = (
+    "{% if messages[0].role == 'system' %}{% set loop_messages = messages[1:] %}<sys>{{ messages[0].content }}"
+    "{% else %}{% set loop_messages = messages %}{% endif %}"
+    "{% for message in loop_messages %}<|im_start|>{{ message.role }}\n{{ message.content }}"
+    "{% if loop.last %}$last{% endif %}{% if not loop.last and loop_messages[loop.index0 + 1].role == 'tool' %}>"
+    "{% endif %}{% if loop.index0 >= 1 and loop_messages[loop.index0 - 1].role == 'tool' %}*{% endif %}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 # A namespace set before the loop from the whole list (the last user message), `loop.last`, a neighbour two
 # back and one ahead: not local, but every iteration reads only what the plan allows.
@@ -56,9 +67,14 @@ def _tok(name: str = "qwen2.5-instruct"):
     ("{% macro f(c) %}[{{ c }}]{% endmacro %}{% for m in messages %}{{ f(m.content) }}{% endfor %}", "", (), 1),
     ("{% for m in messages %}{{ m.content }}{% endfor %}{% for m in messages %}{{ m.role }}{% endfor %}",
      "2 writing text", (), 1),
-    ("{% set loop_messages = messages[1:] %}{% for m in loop_messages %}{{ m.content }}{% endfor %}",
+    ("{% set loop_messages = messages[1:] %}{% for m in loop_messages %}{{ m.content }}{% endfor %}", "", (), 1),
+    ("{% set loop_messages = messages[2:] %}{% for m in loop_messages %}{{ messages[loop.index0 + 1].role }}"
+     "{% endfor %}", "", (), 3),
+    ("{% set loop_messages = messages|reverse %}{% for m in loop_messages %}{{ m.content }}{% endfor %}",
      "0 writing text", (), 1),
     ("{% for m in messages %}{% include 'x' %}{% endfor %}", "includes", (), 1),
+    ("{% if x %}{% set messages = messages[::-1] %}{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}",
+     "assigns messages", (), 1),
 ])
 def test_reuse_plan(source, reason, names, reach):
     """The plan accepts a loop whose body reads its message, neighbours, `messages[0]`, `loop.first/last`,
@@ -89,7 +105,7 @@ def test_marked_render_is_the_plain_render():
     got = render_pieces(tpl, plan, chat, tools, True, len(chat), len(chat))
     assert got.prelude + "".join(got.iterations) + got.epilogue == tpl.render_chat(chat, tools=tools,
                                                                                    add_generation_prompt=True)
-    assert len(got.iterations) == len(chat) and got.snapshot.startswith("[('TemplateNamespace', <Namespace")
+    assert len(got.iterations) == len(chat) and got.snapshot.startswith("[0, ('TemplateNamespace', <Namespace")
 
 
 def test_qwen3_agent_episode_keeps_iterations():
@@ -143,13 +159,20 @@ def test_qwen3_random_conversations_with_cuts(seed):
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(roles=st.lists(st.sampled_from(["user", "assistant", "tool", "system"]), min_size=1, max_size=24),
        cuts=st.lists(st.integers(0, 30), max_size=3), agps=st.lists(st.booleans(), min_size=1, max_size=8))
-def test_snapshot_template_equals_full_render(tmp_path_factory, roles, cuts, agps):
+def test_snapshot_and_alias_templates_equal_full_render(tmp_path_factory, roles, cuts, agps):
     """Hypothesis over role sequences, appends, cuts and prompt flags on `SNAPSHOT_TEMPLATE` (snapshot,
-    reach 2 both ways, `loop.last`, and a prelude that prints the list's length): every render equals a full
-    render of the messages held."""
-    path = tmp_path_factory.getbasetemp() / "snapshot.jinja"
-    path.write_text(SNAPSHOT_TEMPLATE)
+    reach 2 both ways, `loop.last`, and a prelude that prints the list's length) and `ALIAS_TEMPLATE` (the
+    loop over `loop_messages`, one message shorter when a system message leads): every render equals the
+    plain template's text of the messages held."""
+    for name, source in (("snapshot", SNAPSHOT_TEMPLATE), ("alias", ALIAS_TEMPLATE)):
+        path = tmp_path_factory.getbasetemp() / f"{name}.jinja"
+        path.write_text(source)
+        _grow_and_cut(path, list(roles), list(cuts), agps)
+
+
+def _grow_and_cut(path, roles, cuts, agps) -> None:
     tok = _tok()
+    plain = load_template(str(path), tok)
     inc = IncrementalRenderer(tok, str(path))
     held: list[dict] = []
     for i, role in enumerate(roles):
@@ -167,7 +190,8 @@ def test_snapshot_template_equals_full_render(tmp_path_factory, roles, cuts, agp
                 assert inc.render() == render(held[:n], tok, str(path))
             inc.extend(held[n:])
         agp = agps[i % len(agps)]
-        assert inc.render(add_generation_prompt=agp) == render(held, tok, str(path), add_generation_prompt=agp)
+        ctx = inc.render(add_generation_prompt=agp)
+        assert tok.decode(ctx.token_ids) == plain.render_text(held, add_generation_prompt=agp)
 
 
 @pytest.mark.parametrize("marker", [SECTION, ITERATION])
@@ -186,3 +210,55 @@ def test_marker_in_content_falls_back(marker):
         assert inc.render(add_generation_prompt=True) == render(msgs, tok, add_generation_prompt=True,
                                                                 special_tokens="allow")
     assert inc.state.reuse_base is None and inc.reuse_renders == 0
+
+
+def test_marked_render_over_the_output_limit_falls_back():
+    """Fault injection: an output limit the plain render fits and the marked one (longer by its markers)
+    does not. The plain template renders, the result equals a full render, and no base is kept."""
+    from dataclasses import replace
+
+    tok = _tok("qwen3")
+    msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "hi"}, {"role": "user", "content": "b"}]
+    tpl = load_template(None, tok)
+    size = len(tpl.render_text(msgs, add_generation_prompt=True))
+    tight = load_template(None, tok, limits=replace(tpl.limits, max_output_chars=size + 4))
+    inc = IncrementalRenderer(tok, tight)
+    inc.extend(msgs)
+    got, full = inc.render(add_generation_prompt=True), render(msgs, tok, tpl, add_generation_prompt=True)
+    assert (got.token_ids, got.loss_mask, got.template_id) == (full.token_ids, full.loss_mask, full.template_id)
+    assert inc.state.reuse_base is None and (inc.full_renders, inc.reuse_renders) == (1, 0)
+
+
+REUSED_FAMILIES = ("cohere", "gemma", "gemma3", "glm4moe", "llama3", "nemotron_3_5_lightning", "nemotron_3_nano",
+                   "nemotron_3_super", "nemotron_3_ultra", "qwen3")
+"""TRL stock templates that are not local and whose loop iterations the plan lets a render keep."""
+
+
+@pytest.mark.parametrize("family", REUSED_FAMILIES)
+def test_trl_families_grown_message_by_message(family, tmp_path):
+    """Every generated conversation of the family (tools, several calls, reasoning, errors), grown message by
+    message with the prompt: each incremental render's text is the plain template's, and some renders kept
+    earlier iterations."""
+    from conftest import require_module, shared_path
+    from ctxkit.benchmarks.family_conversations import family_conversations
+    from ctxkit.benchmarks.template_families import family_spec, family_tokenizer
+    from ctxkit.errors import CtxkitError
+
+    require_module("trl")
+    tok = load_tokenizer(str(family_tokenizer(family, shared_path("tokenizers").parent, tmp_path)))
+    tpl = load_template(None, tok)
+    plan = template_profile(tok, tpl)
+    assert plan.reuse.ok and not plan.locality.local
+    kept = 0
+    for name, (msgs, tools) in family_conversations(family_spec(family)).items():
+        inc = IncrementalRenderer(tok, tpl, tools, special_tokens="allow")
+        for i, m in enumerate(msgs):
+            inc.append(m)
+            try:
+                expected = tpl.render_text(msgs[: i + 1], tools=tools, add_generation_prompt=True)
+            except CtxkitError:
+                break  # the template refuses this prefix (e.g. a tool result first): nothing to compare
+            text = rendered_text(inc.state, inc._render_text, plan.locality, True, inc._reuse)
+            assert text == expected, (family, name, i)
+        kept += inc.reuse_renders
+    assert kept > 0

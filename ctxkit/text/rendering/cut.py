@@ -68,8 +68,9 @@ def cut_messages(st: RenderState, policy: Any, profile: Any, render: Render, n: 
     del subs[next((k for k, s in enumerate(subs) if s.index >= n), len(subs)):]
     if n < locality.reach:
         st.head = None
-    if st.reuse_base is not None and st.reuse_base[0] > n:  # its first n iterations are still these messages'
-        st.reuse_base = (n, *st.reuse_base[1:])
+    base = st.reuse_base
+    if base is not None and base[0] + base[4] > n:  # its iterations before message n are still these messages'
+        st.reuse_base = (max(0, n - base[4]), *base[1:])
     cut_core(st, n, boundary)
 
 

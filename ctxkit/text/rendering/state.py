@@ -86,10 +86,11 @@ class RenderState:
     """`(m, length of its core)` of earlier cores the current one extends (`cut.set_core`)."""
     head: str | None = None
     """Render of the first `reach` messages (see `window_delta`), or None."""
-    reuse_base: tuple[int, str, list[int], str] | None = None
-    """`(m, text, ends, snapshot)`: a render through the marked template (`text.template.iteration_reuse`)
-    whose main loop's first `m` iterations are the first `m` messages' (`cut` lowers `m`), `ends[i]` the end
-    char of iteration `i`'s text in `text`, `snapshot` the values the loop read; or None."""
+    reuse_base: tuple[int, str, list[int], str, int] | None = None
+    """`(m, text, ends, snapshot, offset)`: a render through the marked template (`text.template.iteration_reuse`)
+    whose main loop's first `m` iterations render messages `offset` to `offset + m - 1` as held now (`cut`
+    lowers `m`), `ends[i]` the end char of iteration `i`'s text in `text`, `snapshot` the values the loop read
+    (the offset among them); or None."""
     subs: list[Any] = field(default_factory=list)
     """Sampled-id substitutions (`output.Sub`) of the last output, in order."""
     sub_cols: tuple[list, list, list, list] = field(default_factory=lambda: ([], [], [], []))

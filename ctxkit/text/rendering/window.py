@@ -35,8 +35,13 @@ def rendered_text(st: RenderState, render: Render, locality: Any, agp: bool,
     kept (`ReusePlan`). Counts the render in `st.window_renders`, `st.reuse_renders` or `st.full_renders`."""
     if st.splice is not None and (spliced := spliced_text(st, render, locality, agp)) is not None:
         return spliced
-    if reuse is not None and (reused := reused_text(st, reuse[0], reuse[1], agp)) is not None:
-        return reused
+    if reuse is not None:
+        try:
+            reused = reused_text(st, reuse[0], reuse[1], agp)
+        except TemplateError:  # the plain render below decides (the markers count towards the output limit)
+            st.reuse_base = reused = None
+        if reused is not None:
+            return reused
     chat, core = st.chat, st.core
     local, reach, prompt = locality.local, locality.reach, locality.prompt
     if local and core is not None:
@@ -82,8 +87,8 @@ def reused_text(st: RenderState, pieces: Pieces, reach: int, agp: bool) -> str |
     not cut the render as expected (the caller renders the plain template)."""
     chat, base, lead = st.chat, st.reuse_base, reach
     n = len(chat)
-    if base is not None and base[0] - reach > lead and base[0] <= n:
-        m, old, ends, snapshot = base
+    if base is not None and base[0] - reach > lead and base[0] + base[4] <= n:
+        m, old, ends, snapshot, offset = base
         start = m - reach
         got = pieces(chat, agp, lead, start)
         if got is not None and got.snapshot == snapshot:
@@ -94,7 +99,7 @@ def reused_text(st: RenderState, pieces: Pieces, reach: int, agp: bool) -> str |
             new_ends = (_ends(len(got.prelude), got.iterations[:lead]) + [e + shift for e in ends[lead:start]]
                         + _ends(b + shift, tail))
             text = "".join((head, old[a:b], *tail, got.epilogue))
-            st.reuse_base = (n, text, new_ends, snapshot)
+            st.reuse_base = (n - offset, text, new_ends, snapshot, offset)
             st.reuse_renders += 1
             return text
     got = pieces(chat, agp, n, n)
@@ -102,7 +107,7 @@ def reused_text(st: RenderState, pieces: Pieces, reach: int, agp: bool) -> str |
         st.reuse_base = None
         return None
     text = "".join((got.prelude, *got.iterations, got.epilogue))
-    st.reuse_base = (n, text, _ends(len(got.prelude), got.iterations), got.snapshot)
+    st.reuse_base = (len(got.iterations), text, _ends(len(got.prelude), got.iterations), got.snapshot, got.offset)
     st.full_renders += 1
     return text
 

@@ -24,6 +24,7 @@ the earlier text, and the whole render is the fresh prelude and lead, the kept m
 
 from __future__ import annotations
 
+import functools
 import secrets
 import threading
 from dataclasses import dataclass
@@ -55,6 +56,9 @@ class ReusePlan:
     """Farthest neighbour the loop body reads (`messages[loop.index0 + 2]` reaches 2; at least 1)."""
     names: tuple[str, ...] = ()
     """Names the loop body reads whose values may differ between renders: printed as the snapshot."""
+    loop_list: str = "messages"
+    """The list the main loop iterates: `messages` or an alias of `messages` or `messages[c:]` (`loop_messages`);
+    the snapshot holds how many messages precede its first."""
 
 
 @dataclass(frozen=True)
@@ -69,10 +73,38 @@ class Pieces:
     """The text of each iteration written (`< lead`, then `>= start`), in order."""
     epilogue: str
     """The text after the loop."""
+    offset: int = 0
+    """Messages before the loop's first (`ReusePlan.loop_list`): iteration `i` renders message `i + offset`."""
 
 
-def _is_messages(n, nodes) -> bool:
-    return isinstance(n, nodes.Name) and n.name == "messages"
+def _is_messages(n, nodes, lists: Any = ("messages",)) -> bool:
+    return isinstance(n, nodes.Name) and n.name in lists
+
+
+def _aliases(tree, nodes) -> dict[str, int]:
+    """Names every assignment of which is `messages` or `messages[c:]` (Llama 3's `loop_messages`), each with
+    the largest `c`."""
+    out: dict[str, int] = {}
+    refused: set[str] = set()
+    for node in tree.find_all(nodes.Assign):
+        if not isinstance(node.target, nodes.Name):
+            continue
+        name, value, start = node.target.name, node.node, None
+        if _is_messages(value, nodes):
+            start = 0
+        elif (isinstance(value, nodes.Getitem) and _is_messages(value.node, nodes) and isinstance(value.arg, nodes.Slice)
+              and value.arg.stop is None and value.arg.step is None and isinstance(value.arg.start, nodes.Const)
+              and type(value.arg.start.value) is int and value.arg.start.value >= 0):
+            start = value.arg.start.value
+        if start is None:
+            refused.add(name)
+        else:
+            out[name] = max(out.get(name, 0), start)
+    stored_otherwise = {n.name for n in tree.find_all(nodes.Name) if n.ctx == "param"}
+    stored_otherwise |= {n.name for f in tree.find_all(nodes.For) for n in [f.target, *f.target.find_all(nodes.Name)]
+                         if isinstance(n, nodes.Name)}
+    stored_otherwise |= {b.target.name for b in tree.find_all(nodes.AssignBlock) if isinstance(b.target, nodes.Name)}
+    return {k: v for k, v in out.items() if k not in refused | stored_otherwise and k != "messages"}
 
 
 def reuse_plan(source: str, constant: frozenset[str] = frozenset()) -> ReusePlan:
@@ -87,12 +119,16 @@ def reuse_plan(source: str, constant: frozenset[str] = frozenset()) -> ReusePlan
         return ReusePlan(False, f"syntax error: {exc.message}")
     if any(True for _ in tree.find_all((nodes.Extends, nodes.Include, nodes.Import, nodes.FromImport, nodes.Block))):
         return ReusePlan(False, "extends, includes, imports or blocks")
-    main = _main_loop(tree, nodes)
+    aliases = _aliases(tree, nodes)
+    main = _main_loop(tree, nodes, aliases)
     if isinstance(main, str):
         return ReusePlan(False, main)
+    loop_list = main.iter.name
     top_set = {name for stmt in tree.body if stmt is not main for name in _stored(stmt, nodes)}
+    if "messages" in top_set:  # the loop may then iterate another list (Llama 3.2 drops the first message)
+        return ReusePlan(False, "the template assigns messages")
     macros = {m.name: m for m in tree.body if isinstance(m, nodes.Macro)}
-    scan = _BodyScan(nodes)
+    scan = _BodyScan(nodes, ("messages", loop_list), aliases.get(loop_list, 0))
     for child in main.body:
         scan.visit(child, True)
     problems = scan.problems
@@ -107,16 +143,17 @@ def reuse_plan(source: str, constant: frozenset[str] = frozenset()) -> ReusePlan
         return ReusePlan(False, "; ".join(dict.fromkeys(problems)))
     targets = set(_stored(main.target, nodes))
     fixed = _CONSTANT | constant | set(sandbox_environment().globals)
-    names = sorted(n for n in scan.loaded - targets - {"messages", "loop"} - set(macros)
+    names = sorted(n for n in scan.loaded - targets - {"messages", "loop", loop_list} - set(macros)
                    if n in top_set or n not in fixed and n not in scan.stored or n == "add_generation_prompt")
-    return ReusePlan(True, "", scan.reach, tuple(names))
+    return ReusePlan(True, "", scan.reach, tuple(names), loop_list)
 
 
-def _main_loop(tree, nodes):
-    """The top-level `for ... in messages` loop that writes text (others over the list, scans that set a
-    namespace, are part of the prelude), or why there is none to use."""
-    loops = [n for n in tree.find_all(nodes.For) if _is_messages(n.iter, nodes)]
-    top = [n for n in tree.body if isinstance(n, nodes.For) and _is_messages(n.iter, nodes) and _writes(n, nodes)]
+def _main_loop(tree, nodes, aliases: dict[str, int]):
+    """The top-level `for ... in messages` (or an alias of it, `_aliases`) loop that writes text (others over
+    the list, scans that set a namespace, are part of the prelude), or why there is none to use."""
+    lists = ("messages", *aliases)
+    loops = [n for n in tree.find_all(nodes.For) if _is_messages(n.iter, nodes, lists)]
+    top = [n for n in tree.body if isinstance(n, nodes.For) and _is_messages(n.iter, nodes, lists) and _writes(n, nodes)]
     if len(top) != 1 or any(inner is not top[0] for inner in top[0].find_all(nodes.For) if inner in loops):
         return f"{len(loops)} loops over messages, {len(top)} writing text at the top level (expected exactly one)"
     main = top[0]
@@ -161,8 +198,11 @@ def _macro_problems(macro, top_set: set[str], macros: dict, todo: list, nodes) -
 class _BodyScan:
     """Walks the main loop's body: what it loads and stores, its reach, and what breaks independence."""
 
-    def __init__(self, nodes):
+    def __init__(self, nodes, lists: tuple[str, ...], shift: int):
         self.nodes = nodes
+        self.lists = lists
+        """`messages` and the list the loop iterates (the same, or an alias starting `shift` messages later)."""
+        self.shift = shift
         self.loaded: set[str] = set()
         self.stored: set[str] = set()
         self.problems: list[str] = []
@@ -197,17 +237,17 @@ class _BodyScan:
             self.problems.append(f"line {n.lineno}: break in the loop over messages")
         elif isinstance(n, nodes.NSRef):
             self.problems.append(f"line {n.lineno}: namespace attribute assigned in the loop ({n.name}.{n.attr})")
-        elif isinstance(n, nodes.Getitem) and _is_messages(n.node, nodes):
+        elif isinstance(n, nodes.Getitem) and _is_messages(n.node, nodes, self.lists):
             arg = n.arg
             if isinstance(arg, nodes.Const) and arg.value == 0:
                 return
             offset = self._offset(arg) if main else None
             if offset is None:
-                self.problems.append(f"line {n.lineno}: messages[...] other than messages[0] or a neighbour")
-            else:
-                self.reach = max(self.reach, abs(offset))
+                self.problems.append(f"line {n.lineno}: {n.node.name}[...] other than [0] or a neighbour")
+            else:  # messages[i + k] in a loop over messages[c:] is iteration i + k - c
+                self.reach = max(self.reach, abs(offset) + (self.shift if n.node.name == "messages" else 0))
             return
-        elif _is_messages(n, nodes):
+        elif _is_messages(n, nodes, self.lists):
             if not self._truth_use:
                 self.problems.append(f"line {n.lineno}: the message list used as a whole")
             return
@@ -232,7 +272,7 @@ class _BodyScan:
     def _is_truth_use(self, parent, child) -> bool:
         """`messages` as a truth value: an `if`'s or `and`/`or`/`not`'s operand."""
         nodes = self.nodes
-        if not _is_messages(child, nodes):
+        if not _is_messages(child, nodes, self.lists):
             return False
         return (isinstance(parent, (nodes.And, nodes.Or, nodes.Not))
                 or isinstance(parent, (nodes.If, nodes.CondExpr)) and child is parent.test)
@@ -253,13 +293,14 @@ def _marked_template(template: ChatTemplate, plan: ReusePlan):
         return hit
     env = sandbox_environment()
     tree = env.parse(template.source)
-    main = _main_loop(tree, nodes)
+    main = _main_loop(tree, nodes, _aliases(tree, nodes))
     line = main.lineno
     index0 = nodes.Getattr(nodes.Name("loop", "load"), "index0", "load")
     test = nodes.Or(nodes.Compare(index0, [nodes.Operand("lt", nodes.Name(LEAD, "load"))]),
                     nodes.Compare(index0, [nodes.Operand("gteq", nodes.Name(START, "load"))]))
     main.body = [nodes.If(test, [nodes.Output([nodes.TemplateData(ITERATION)]), *main.body], [], [])]
-    snapshot = nodes.Call(nodes.Name(SNAPSHOT, "load"), [nodes.Name(n, "load") for n in plan.names], [], None, None)
+    snapshot = nodes.Call(nodes.Name(SNAPSHOT, "load"), [nodes.Name(n, "load") for n in
+                                                        ("messages", plan.loop_list, *plan.names)], [], None, None)
     at = tree.body.index(main)
     tree.body[at:at + 1] = [nodes.Output([nodes.TemplateData(SECTION), snapshot, nodes.TemplateData(SECTION)]),
                             main, nodes.Output([nodes.TemplateData(SECTION)])]
@@ -273,10 +314,12 @@ def _marked_template(template: ChatTemplate, plan: ReusePlan):
     return compiled
 
 
-def _snapshot(*values: Any) -> str:
-    """The text a snapshot compares by: each value's type and repr (an object without a value repr shows its
-    identity, so it never compares equal across renders: a full render then)."""
-    return repr([(type(v).__name__, v) for v in values])
+def _snapshot(record: dict, messages: Any, loop_list: Any, *values: Any) -> str:
+    """The text a snapshot compares by: how many messages precede the loop's first (kept in `record`) and each
+    value's type and repr (an object without a value repr shows its identity, so it never compares equal
+    across renders: a full render then)."""
+    record["offset"] = offset = len(messages) - len(loop_list)
+    return repr([offset, *((type(v).__name__, v) for v in values)])
 
 
 def render_pieces(template: ChatTemplate, plan: ReusePlan, chat: list[dict], tools: Any, agp: bool,
@@ -285,16 +328,18 @@ def render_pieces(template: ChatTemplate, plan: ReusePlan, chat: list[dict], too
     None when the markers do not cut it as expected (a message's text holding one)."""
     compiled = _marked_template(template, plan)
     variables = template.render_variables(chat, tools, agp)
-    variables.update({LEAD: lead, START: start, SNAPSHOT: _snapshot})
+    record: dict[str, int] = {}
+    variables.update({LEAD: lead, START: start, SNAPSHOT: functools.partial(_snapshot, record)})
     text = render_sandboxed(compiled, template.limits, variables, f"template {template.id}")
     parts = text.split(SECTION)
     if len(parts) != 4:
         return None
     iterations = parts[2].split(ITERATION)
-    n = len(chat)
-    if iterations[0] or len(iterations) - 1 != min(lead, n) + max(0, n - max(start, lead)):
+    offset = record.get("offset", -1)
+    n = len(chat) - offset
+    if offset < 0 or iterations[0] or len(iterations) - 1 != min(lead, n) + max(0, n - max(start, lead)):
         return None
-    return Pieces(parts[0], parts[1], iterations[1:], parts[3])
+    return Pieces(parts[0], parts[1], iterations[1:], parts[3], offset)
 
 
 __all__ = ["ITERATION", "SECTION", "Pieces", "ReusePlan", "render_pieces", "reuse_plan"]
