@@ -50,7 +50,7 @@ echo "== side by side with renderers (the bench extra): ids vs apply_chat_templa
 if python -c "import renderers" 2>/dev/null; then
     ctxkit bench render --peer renderers --turns 40 --repeats 3
     echo "== history-rewriting templates over 200 turns (README: iteration reuse on Qwen3; llama3_2 as the refused case)"
-    ctxkit bench render --peer renderers --families shared:qwen3,qwen3,llama3_2 --turns 200 --repeats 3
+    ctxkit bench render --peer renderers --families shared:qwen3,qwen3,llama3,llama3_2,nemotron_3_nano --turns 200 --repeats 3
     echo "== the same, whole-episode speed on a real trajectory (tau2 telecom, first episode)"
     python -m ctxkit.benchmarks.peer_renderers --episodes 0 --repeats 3 \
         --episode "${CTXKIT_SHARED:-../shared}/trajectories/tau2__telecom_gpt-4o_20sims.json"

@@ -209,7 +209,7 @@ def test_marker_in_content_falls_back(marker):
         msgs.append(m)
         assert inc.render(add_generation_prompt=True) == render(msgs, tok, add_generation_prompt=True,
                                                                 special_tokens="allow")
-    assert inc.state.reuse_base is None and inc.reuse_renders == 0
+    assert not inc.state.reuse_bases[True] and inc.reuse_renders == 0  # (the first render, without it, left one)
 
 
 def test_marked_render_over_the_output_limit_falls_back():
@@ -226,7 +226,7 @@ def test_marked_render_over_the_output_limit_falls_back():
     inc.extend(msgs)
     got, full = inc.render(add_generation_prompt=True), render(msgs, tok, tpl, add_generation_prompt=True)
     assert (got.token_ids, got.loss_mask, got.template_id) == (full.token_ids, full.loss_mask, full.template_id)
-    assert inc.state.reuse_base is None and (inc.full_renders, inc.reuse_renders) == (1, 0)
+    assert not any(inc.state.reuse_bases.values()) and (inc.full_renders, inc.reuse_renders) == (1, 0)
 
 
 REUSED_FAMILIES = ("cohere", "gemma", "gemma3", "glm4moe", "llama3", "nemotron_3_5_lightning", "nemotron_3_nano",
@@ -262,3 +262,41 @@ def test_trl_families_grown_message_by_message(family, tmp_path):
             assert text == expected, (family, name, i)
         kept += inc.reuse_renders
     assert kept > 0
+
+
+def test_prefix_renders_that_locate_turns_keep_iterations(tmp_path, monkeypatch):
+    """Nemotron 3 (TRL's stock template) locates assistant turns from prefix renders (its prompt opens a
+    `<think>` the rendered turn closes at once, so the turn is found per turn): those renders keep the earlier
+    iterations too, or take a base's text of the same messages. Over a tool episode the plain template never
+    renders after the first turns, and every context (ids, loss mask) equals a one-shot render, with a cut
+    back and regrowth in the middle."""
+    from conftest import require_module, shared_path
+    from ctxkit.benchmarks.render_bench import build_episode
+    from ctxkit.benchmarks.template_families import family_tokenizer
+    from ctxkit.text.template.chat_template import ChatTemplate
+
+    require_module("trl")
+    tok = load_tokenizer(str(family_tokenizer("nemotron_3_nano", shared_path("tokenizers").parent, tmp_path)))
+    tpl = load_template(None, tok)
+    assert template_profile(tok, tpl).reuse.ok
+    head, steps, tools = build_episode(12, seed=5)
+    plain_renders = []
+    inner = ChatTemplate.render_chat
+    monkeypatch.setattr(ChatTemplate, "render_chat", lambda self, chat, **kw: plain_renders.append(len(chat))
+                        or inner(self, chat, **kw))
+    inc = IncrementalRenderer(tok, tpl, tools)
+    inc.extend(head)
+    held = list(head)
+    for k, pair in enumerate(steps):
+        inc.extend(pair)
+        held += pair
+        if k == 7:
+            inc.cut(len(held) - 3)
+            inc.extend(held[-3:])
+        got = inc.render(add_generation_prompt=True)
+        plain_renders.append("|")
+        expected = render(held, tok, tpl, tools, add_generation_prompt=True)
+        del plain_renders[plain_renders.index("|"):]
+        assert (got.token_ids, got.loss_mask) == (expected.token_ids, expected.loss_mask), k
+    assert plain_renders == [] and inc.state.mode == "turns"
+    assert (inc.full_renders, inc.reuse_renders) == (1, len(steps) - 1)

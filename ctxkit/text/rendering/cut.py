@@ -68,9 +68,8 @@ def cut_messages(st: RenderState, policy: Any, profile: Any, render: Render, n: 
     del subs[next((k for k, s in enumerate(subs) if s.index >= n), len(subs)):]
     if n < locality.reach:
         st.head = None
-    base = st.reuse_base
-    if base is not None and base[0] + base[4] > n:  # its iterations before message n are still these messages'
-        st.reuse_base = (max(0, n - base[4]), *base[1:])
+    for bases in st.reuse_bases.values():  # their iterations before message n are still these messages'
+        bases[:] = [(min(b[0], max(0, n - b[4])), *b[1:]) for b in bases]
     cut_core(st, n, boundary)
 
 

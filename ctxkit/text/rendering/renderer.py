@@ -50,11 +50,12 @@ functions change the messages held.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import replace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from ctxkit.text.chat_messages import message_text, validate_message
-from ctxkit.errors import ConfigError, MessageFormatError, SpecialTokenError
+from ctxkit.errors import ConfigError, MessageFormatError, SpecialTokenError, TemplateError
 from ctxkit.text.rendering import splice as splicing
 from ctxkit.text.rendering.cut import cut_messages
 from ctxkit.text.rendering.mask import locate, relabel, special_literals, special_report
@@ -64,7 +65,7 @@ from ctxkit.text.rendering.segments import SegmentCache, made_calls, message_key
 from ctxkit.text.rendering.splice import SpliceHint
 from ctxkit.text.rendering.state import RenderState, reset_rendered
 from ctxkit.text.rendering.tokens import retokenize
-from ctxkit.text.rendering.window import rendered_text
+from ctxkit.text.rendering.window import rendered_text, reused_text
 from ctxkit.text.special_tokens import encode_escaped, find_special_tokens, resolve_special_tokens
 from ctxkit.text.template.iteration_reuse import render_pieces
 from ctxkit.text.template.profile import template_profile
@@ -248,6 +249,17 @@ class IncrementalRenderer:
         return classify_drift(sampled, rendered, self.tokenizer)
 
     def _render_text(self, chat: list[dict], agp: bool) -> str:
+        """The template's text of `chat`; for a prefix of the messages (the renders that locate turns), through
+        the iteration reuse when the template allows it."""
+        st = self.state
+        if self._reuse is not None and len(chat) <= len(st.chat) and all(map(operator.is_, chat, st.chat)):
+            try:
+                text = reused_text(st, *self._reuse, agp, chat, count=False)
+            except TemplateError:  # the plain render below decides (the markers count towards the output limit)
+                st.reuse_bases.pop(agp, None)
+                text = None
+            if text is not None:
+                return text
         return self.template.render_chat(chat, tools=self._tools_plain, add_generation_prompt=agp)
 
     def _render_pieces(self, chat: list[dict], agp: bool, lead: int, start: int):
@@ -261,9 +273,9 @@ class IncrementalRenderer:
         template_id = self.template.id
         try:
             if st.escape:  # locate first, then tokenize with the escaped occurrences as plain text
-                core, head, base = st.core, st.head, st.reuse_base
+                core, head, bases = st.core, st.head, st.reuse_bases
                 reset_rendered(st)
-                st.core, st.head, st.reuse_base = core, head, base
+                st.core, st.head, st.reuse_bases = core, head, bases
                 locate(st, profile, render_text, template_id, text, add_generation_prompt, 0)
                 st.ids, st.starts = encode_escaped(self.tokenizer, text, special_literals(st, self._policy, template_id, text))
                 st.text = ""  # no incremental reuse of an escaped tokenization

@@ -86,11 +86,12 @@ class RenderState:
     """`(m, length of its core)` of earlier cores the current one extends (`cut.set_core`)."""
     head: str | None = None
     """Render of the first `reach` messages (see `window_delta`), or None."""
-    reuse_base: tuple[int, str, list[int], str, int] | None = None
-    """`(m, text, ends, snapshot, offset)`: a render through the marked template (`text.template.iteration_reuse`)
-    whose main loop's first `m` iterations render messages `offset` to `offset + m - 1` as held now (`cut`
-    lowers `m`), `ends[i]` the end char of iteration `i`'s text in `text`, `snapshot` the values the loop read
-    (the offset among them); or None."""
+    reuse_bases: dict[bool, list[tuple[int, str, list[int], str, int, int]]] = field(default_factory=dict)
+    """Generation-prompt flag -> the latest renders with that flag (`window.KEPT_BASES`), each `(m, text, ends,
+    snapshot, offset, n)`: a render of the first `n` messages through the marked template
+    (`text.template.iteration_reuse`) whose main loop's first `m` iterations render messages `offset` to
+    `offset + m - 1` as held now (`cut` lowers `m`), `ends[i]` the end char of iteration `i`'s text in `text`,
+    `snapshot` the values the loop read (the offset among them)."""
     subs: list[Any] = field(default_factory=list)
     """Sampled-id substitutions (`output.Sub`) of the last output, in order."""
     sub_cols: tuple[list, list, list, list] = field(default_factory=lambda: ([], [], [], []))
@@ -140,7 +141,8 @@ def reset_rendered(st: RenderState) -> None:
     st.text, st.roles, st.mask = "", [], []
     st.ids, st.starts, st.sp_ends, st.sp_tok = [], [], [], []
     st.regions, st.prefix_max, st.unresolved = [], [], []
-    st.final, st.located, st.mode, st.core, st.reuse_base = None, 0, "", None, None
+    st.final, st.located, st.mode, st.core = None, 0, "", None
+    st.reuse_bases = {}
     st.new_at, st.gp_at = 0, []
     st.hash_cp = []
     st.subs, st.out, st.out_at = [], ([], [], []), 0

@@ -6,7 +6,8 @@ the text from `splice.spliced_text` when a splice is expected, else from a suffi
 first messages without the generation prompt), whose old part may come from an earlier core's checkpoint
 (`window_mark`). For a template that is not local but whose main loop's iterations may be kept
 (`text.template.iteration_reuse`), `reused_text` renders the prelude, the first `reach` iterations and the
-iterations from `m - reach` on, and keeps the text of those between from the last such render of `m` messages.
+iterations from `m - reach` on, and keeps the text of those between from the last such render of `m` messages
+with the same generation-prompt flag (the renderer's prefix renders for locating turns go the same way).
 Whenever a check fails, and for any other template, the whole conversation is rendered.
 """
 
@@ -39,7 +40,8 @@ def rendered_text(st: RenderState, render: Render, locality: Any, agp: bool,
         try:
             reused = reused_text(st, reuse[0], reuse[1], agp)
         except TemplateError:  # the plain render below decides (the markers count towards the output limit)
-            st.reuse_base = reused = None
+            st.reuse_bases.pop(agp, None)
+            reused = None
         if reused is not None:
             return reused
     chat, core = st.chat, st.core
@@ -81,35 +83,62 @@ def window_mark(st: RenderState, reach: int, m: int, stretch: int = 4) -> tuple[
     return marks[k]
 
 
-def reused_text(st: RenderState, pieces: Pieces, reach: int, agp: bool) -> str | None:
-    """The full text with `agp` through the marked template: the earlier iterations kept from `st.reuse_base`
-    when its snapshot is this render's, else every iteration rendered (a new base); None when the markers do
-    not cut the render as expected (the caller renders the plain template)."""
-    chat, base, lead = st.chat, st.reuse_base, reach
+KEPT_BASES = 2
+"""Reuse bases kept per generation-prompt flag (the longest renders): a turn's main render and the prefix render
+of the turn before, which locating the next assistant turn asks for again."""
+
+
+def reused_text(st: RenderState, pieces: Pieces, reach: int, agp: bool, chat: list | None = None,
+                count: bool = True) -> str | None:
+    """The text of `chat` (a prefix of `st.chat`; default: all of it) with `agp` through the marked template:
+    a base's text when it rendered these very messages, else the earlier iterations kept from the base that
+    keeps most (`st.reuse_bases[agp]`) when its snapshot is this render's, else every iteration rendered (a new
+    base). None when the markers do not cut the render as expected (the caller renders the plain template).
+    `count`: count it in `st.reuse_renders` / `st.full_renders`.
+
+    A base of more messages serves a shorter prefix too: the iterations it keeps are below `len(chat) - reach`,
+    so each reads messages of the prefix only and is not its last."""
+    chat = st.chat if chat is None else chat
     n = len(chat)
-    if base is not None and base[0] - reach > lead and base[0] + base[4] <= n:
-        m, old, ends, snapshot, offset = base
-        start = m - reach
-        got = pieces(chat, agp, lead, start)
-        if got is not None and got.snapshot == snapshot:
-            head = got.prelude + "".join(got.iterations[:lead])
-            a, b = ends[lead - 1], ends[start - 1]
-            shift = len(head) - a
-            tail = got.iterations[lead:]
-            new_ends = (_ends(len(got.prelude), got.iterations[:lead]) + [e + shift for e in ends[lead:start]]
-                        + _ends(b + shift, tail))
-            text = "".join((head, old[a:b], *tail, got.epilogue))
-            st.reuse_base = (n - offset, text, new_ends, snapshot, offset)
-            st.reuse_renders += 1
-            return text
-    got = pieces(chat, agp, n, n)
-    if got is None:
-        st.reuse_base = None
+    bases = st.reuse_bases.setdefault(agp, [])
+    for base in bases:
+        if base[5] == n == base[0] + base[4]:  # these very messages (none cut since): the same text
+            st.reuse_renders += count
+            return base[1]
+    base = max(bases, key=lambda b: min(b[0], n - b[4]), default=None)
+    new = _from_base(base, pieces, reach, chat, agp) if base is not None else None
+    if new is None:
+        got = pieces(chat, agp, n, n)
+        if got is None:
+            bases.clear()
+            return None
+        text = "".join((got.prelude, *got.iterations, got.epilogue))
+        new = (len(got.iterations), text, _ends(len(got.prelude), got.iterations), got.snapshot, got.offset, n)
+        st.full_renders += count
+    else:
+        st.reuse_renders += count
+    bases.append(new)
+    if len(bases) > KEPT_BASES:
+        bases.remove(min(bases, key=lambda b: b[5]))
+    return new[1]
+
+
+def _from_base(base: tuple, pieces: Pieces, reach: int, chat: list, agp: bool) -> tuple | None:
+    """The new base of rendering `chat` with the iterations `[reach, start)` kept from `base`; None when it keeps
+    none or its snapshot differs."""
+    m, old, ends, snapshot, offset, _ = base
+    n, lead = len(chat), reach
+    start = min(m, n - offset) - reach
+    got = pieces(chat, agp, lead, start) if start > lead else None
+    if got is None or got.snapshot != snapshot:
         return None
-    text = "".join((got.prelude, *got.iterations, got.epilogue))
-    st.reuse_base = (len(got.iterations), text, _ends(len(got.prelude), got.iterations), got.snapshot, got.offset)
-    st.full_renders += 1
-    return text
+    head = got.prelude + "".join(got.iterations[:lead])
+    a, b = ends[lead - 1], ends[start - 1]
+    shift = len(head) - a
+    tail = got.iterations[lead:]
+    new_ends = (_ends(len(got.prelude), got.iterations[:lead]) + [e + shift for e in ends[lead:start]]
+                + _ends(b + shift, tail))
+    return n - offset, "".join((head, old[a:b], *tail, got.epilogue)), new_ends, snapshot, offset, n
 
 
 def _ends(offset: int, texts: list[str]) -> list[int]:
