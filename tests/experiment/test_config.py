@@ -132,12 +132,13 @@ def test_the_sft_evaluation_holds_out_the_training_seeds_on_the_training_tasks()
     assert [(a.name, a.agent) for a in ev.arms] == [("base", "base"), ("sft", "sft"), ("sft+mask", "sft")]
 
 
-@pytest.mark.parametrize("name", ["lm_ablation.toml", "gpu.toml"])
+@pytest.mark.parametrize("name", ["lm_ablation.toml", "lm_ablation_at_budget.toml", "gpu.toml"])
 def test_the_trained_policy_ablation_is_the_evaluated_policy_under_every_compression(name):
     tokenizer_dir("smollm2-135m-instruct")
     grid = load_config(REPO / "experiments" / name)
     ev = load_config(REPO / "experiments" / "sft_eval.toml")
-    train = load_config(REPO / "experiments" / "sft_collect.toml")
+    trained_at_budget = name == "lm_ablation_at_budget.toml"
+    train = load_config(REPO / "experiments" / ("sft_collect_at_budget.toml" if trained_at_budget else "sft_collect.toml"))
     validate(grid)
     assert not set(grid.seeds) & set(train.seeds) and len(grid.seeds) >= (16 if name == "gpu.toml" else 4)
     evaluated = {t.name: t.params for t in ev.tasks}
@@ -146,6 +147,8 @@ def test_the_trained_policy_ablation_is_the_evaluated_policy_under_every_compres
     (policy,) = grid.agents
     device = "cuda" if name == "gpu.toml" else "cpu"
     expected = {**ev.agent("sft").params, "device": device}
+    if trained_at_budget:
+        expected["model_path"] = "runs/sft_at_budget/checkpoint"
     if device == "cuda":
         expected.pop("num_threads")
     assert policy.params == expected
@@ -155,6 +158,25 @@ def test_the_trained_policy_ablation_is_the_evaluated_policy_under_every_compres
         ("truncate-then-window-v2", "truncate-then-window-v2", True, 1024),
         ("summarize-then-window", "summarize-then-window", True, 1024), ("retrieve", "retrieve", True, 1024)]
     assert grid.baseline == "keep-all" and grid.limits == ev.limits
+
+
+def test_the_expert_data_at_budget_is_the_collection_under_the_ablation_compressors():
+    """sft_collect_at_budget.toml: the tasks and seeds of sft_collect.toml, keep-all at the ablation's uncut
+    budget, and the ablation's pinned compressors (same params) at its compressed budget."""
+    tokenizer_dir("smollm2-135m-instruct")
+    at_budget = load_config(REPO / "experiments" / "sft_collect_at_budget.toml")
+    first = load_config(REPO / "experiments" / "sft_collect.toml")
+    grid = load_config(REPO / "experiments" / "lm_ablation_at_budget.toml")
+    validate(at_budget)
+    assert (at_budget.seeds, at_budget.tasks, at_budget.tokenizer) == (first.seeds, first.tasks, first.tokenizer)
+    arms = {a.name: (a.compressor, a.params, a.budget) for a in grid.arms}
+    assert [(a.name, a.compressor, a.params, a.budget) for a in at_budget.arms] == [
+        (name, *arms[name]) for name in ("keep-all", "window+pins", "mask-then-window-v2", "truncate-then-window-v2",
+                                         "summarize-then-window", "retrieve")]
+    from ctxkit.integrations.sft_config import load_sft_config
+
+    sft = load_sft_config(REPO / "experiments" / "sft_at_budget.toml")
+    assert sft.collect == at_budget and sft.train == load_sft_config(REPO / "experiments" / "sft.toml").train
 
 
 def test_parse_config_defaults():
