@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -132,12 +133,13 @@ def test_the_sft_evaluation_holds_out_the_training_seeds_on_the_training_tasks()
     assert [(a.name, a.agent) for a in ev.arms] == [("base", "base"), ("sft", "sft"), ("sft+mask", "sft")]
 
 
-@pytest.mark.parametrize("name", ["lm_ablation.toml", "lm_ablation_at_budget.toml", "gpu.toml"])
+@pytest.mark.parametrize("name", ["lm_ablation.toml", "lm_ablation_at_budget.toml", "lm_ablation_at_budget_48.toml",
+                                  "gpu.toml"])
 def test_the_trained_policy_ablation_is_the_evaluated_policy_under_every_compression(name):
     tokenizer_dir("smollm2-135m-instruct")
     grid = load_config(REPO / "experiments" / name)
     ev = load_config(REPO / "experiments" / "sft_eval.toml")
-    trained_at_budget = name == "lm_ablation_at_budget.toml"
+    trained_at_budget = name.startswith("lm_ablation_at_budget")
     train = load_config(REPO / "experiments" / ("sft_collect_at_budget.toml" if trained_at_budget else "sft_collect.toml"))
     validate(grid)
     assert not set(grid.seeds) & set(train.seeds) and len(grid.seeds) >= (16 if name == "gpu.toml" else 4)
@@ -148,7 +150,7 @@ def test_the_trained_policy_ablation_is_the_evaluated_policy_under_every_compres
     device = "cuda" if name == "gpu.toml" else "cpu"
     expected = {**ev.agent("sft").params, "device": device}
     if trained_at_budget:
-        expected["model_path"] = "runs/sft_at_budget/checkpoint"
+        expected["model_path"] = f"runs/sft_{name.removeprefix('lm_ablation_').removesuffix('.toml')}/checkpoint"
     if device == "cuda":
         expected.pop("num_threads")
     assert policy.params == expected
@@ -177,6 +179,9 @@ def test_the_expert_data_at_budget_is_the_collection_under_the_ablation_compress
 
     sft = load_sft_config(REPO / "experiments" / "sft_at_budget.toml")
     assert sft.collect == at_budget and sft.train == load_sft_config(REPO / "experiments" / "sft.toml").train
+    longer = load_sft_config(REPO / "experiments" / "sft_at_budget_48.toml")
+    assert longer.collect == at_budget and longer.train == dataclasses.replace(sft.train, max_steps=48)
+    assert load_config(REPO / "experiments" / "lm_ablation_at_budget_48.toml").arms == grid.arms
 
 
 def test_parse_config_defaults():
