@@ -90,6 +90,21 @@ def test_the_shipped_config_loads_with_held_out_seeds_apart():
     assert [r.spec.mode for r in config.runs] == ["sync", "sync", "one-step-off"]
 
 
+
+def test_the_at_budget_config_is_grpo_toml_from_the_48_step_policy_at_its_budget():
+    """grpo_at_budget_48.toml: grpo.toml's runs, seeds and fields, with only the policy (the 48-step checkpoint
+    trained on expert data at 1,024 tokens) and the budget (that 1,024) changed."""
+    import dataclasses
+
+    tokenizer_dir("smollm2-135m-instruct")
+    first = load_grpo_config(REPO_ROOT / "experiments" / "grpo.toml")
+    at_budget = load_grpo_config(REPO_ROOT / "experiments" / "grpo_at_budget_48.toml")
+    assert at_budget.model == str(REPO_ROOT / "runs" / "sft_at_budget_48" / "checkpoint")
+    assert (at_budget.tokenizer, at_budget.eval_seeds, at_budget.threads) == (first.tokenizer, first.eval_seeds,
+                                                                             first.threads)
+    assert [r.name for r in at_budget.runs] == [r.name for r in first.runs]
+    assert [r.spec for r in at_budget.runs] == [dataclasses.replace(r.spec, budget=1024) for r in first.runs]
+
 def row(reward, wall, lag=0, generated=100, generate_s=10.0, loss_tokens=50, samples=4, discarded=0, age=0.0):
     return {"mean_reward": reward, "wall_s": wall, "episodes": 4, "discarded": discarded, "samples": samples,
             "generated_tokens": generated, "generate_s": generate_s, "loss_tokens": loss_tokens, "lag": lag,

@@ -30,6 +30,18 @@ ALIAS_TEMPLATE = (
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
+# Llama 3.2's shape: the template drops a leading system message and then the first user one from `messages`
+# itself, and its loop reads the shortened list's first message and neighbours.
+DROP_TEMPLATE = (
+    "{% if messages[0].role == 'system' %}{% set sys = messages[0].content %}{% set messages = messages[1:] %}"
+    "{% else %}{% set sys = '' %}{% endif %}<sys>{{ sys }}"
+    "{% if messages|length != 0 and messages[0].role == 'user' %}<first>{{ messages[0].content }}"
+    "{% set messages = messages[1:] %}{% endif %}"
+    "{% for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}({{ messages[0].role }})"
+    "{% if loop.last %}$last{% endif %}{% if not loop.last and messages[loop.index0 + 1].role == 'tool' %}>"
+    "{% endif %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
 # A namespace set before the loop from the whole list (the last user message), `loop.last`, a neighbour two
 # back and one ahead: not local, but every iteration reads only what the plan allows.
 SNAPSHOT_TEMPLATE = (
@@ -74,7 +86,12 @@ def _tok(name: str = "qwen2.5-instruct"):
      "0 writing text", (), 1),
     ("{% for m in messages %}{% include 'x' %}{% endfor %}", "includes", (), 1),
     ("{% if x %}{% set messages = messages[::-1] %}{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}",
-     "assigns messages", (), 1),
+     "assigns messages something other than messages[c:]", (), 1),
+    ("{% for m in messages %}{% set messages = messages[1:] %}{{ m.content }}{% endfor %}",
+     "the loop over messages assigns messages", (), 1),
+    ("{% if messages[0].role == 'system' %}{% set messages = messages[1:] %}{% endif %}"
+     "{% set loop_messages = messages[1:] %}{% for m in loop_messages %}{{ messages[0].content }}{{ m.content }}"
+     "{% endfor %}", "", (), 1),
 ])
 def test_reuse_plan(source, reason, names, reach):
     """The plan accepts a loop whose body reads its message, neighbours, `messages[0]`, `loop.first/last`,
@@ -105,7 +122,7 @@ def test_marked_render_is_the_plain_render():
     got = render_pieces(tpl, plan, chat, tools, True, len(chat), len(chat))
     assert got.prelude + "".join(got.iterations) + got.epilogue == tpl.render_chat(chat, tools=tools,
                                                                                    add_generation_prompt=True)
-    assert len(got.iterations) == len(chat) and got.snapshot.startswith("[0, ('TemplateNamespace', <Namespace")
+    assert len(got.iterations) == len(chat) and got.snapshot.startswith("[0, 0, ('TemplateNamespace', <Namespace")
 
 
 def test_qwen3_agent_episode_keeps_iterations():
@@ -163,8 +180,8 @@ def test_snapshot_and_alias_templates_equal_full_render(tmp_path_factory, roles,
     """Hypothesis over role sequences, appends, cuts and prompt flags on `SNAPSHOT_TEMPLATE` (snapshot,
     reach 2 both ways, `loop.last`, and a prelude that prints the list's length) and `ALIAS_TEMPLATE` (the
     loop over `loop_messages`, one message shorter when a system message leads): every render equals the
-    plain template's text of the messages held."""
-    for name, source in (("snapshot", SNAPSHOT_TEMPLATE), ("alias", ALIAS_TEMPLATE)):
+    plain template's text of the messages held; and `DROP_TEMPLATE` (`messages` itself shortened by 0-2)."""
+    for name, source in (("snapshot", SNAPSHOT_TEMPLATE), ("alias", ALIAS_TEMPLATE), ("drop", DROP_TEMPLATE)):
         path = tmp_path_factory.getbasetemp() / f"{name}.jinja"
         path.write_text(source)
         _grow_and_cut(path, list(roles), list(cuts), agps)
@@ -192,6 +209,29 @@ def _grow_and_cut(path, roles, cuts, agps) -> None:
         agp = agps[i % len(agps)]
         ctx = inc.render(add_generation_prompt=agp)
         assert tok.decode(ctx.token_ids) == plain.render_text(held, add_generation_prompt=agp)
+
+
+def test_a_template_that_shortens_messages_keeps_iterations(tmp_path):
+    """`DROP_TEMPLATE` (Llama 3.2's shape): the plan accepts it, and over a tool episode with a system and a user
+    message first every render from the third on keeps iterations, and every render equals the plain template's text."""
+    assert reuse_plan(DROP_TEMPLATE) == reuse_plan(DROP_TEMPLATE).__class__(True, "", 1, (), "messages")
+    tok = _tok()
+    path = tmp_path / "drop.jinja"
+    path.write_text(DROP_TEMPLATE)
+    inc = IncrementalRenderer(tok, str(path))
+    plain = load_template(str(path), tok)
+    held = [{"role": "system", "content": "s"}, {"role": "user", "content": "task"}]
+    inc.extend(held)
+    for i in range(8):
+        call = {"id": f"c{i}", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+        turn = [{"role": "assistant", "content": f"call {i}", "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": f"c{i}", "content": f"tool {i}"}]
+        inc.extend(turn)
+        held += turn
+        ctx = inc.render(add_generation_prompt=True)
+        assert tok.decode(ctx.token_ids) == plain.render_text(held, add_generation_prompt=True)
+    # the second render's base holds two iterations: none between the lead and the last one to keep
+    assert (inc.full_renders, inc.reuse_renders) == (2, 6)
 
 
 @pytest.mark.parametrize("marker", [SECTION, ITERATION])
@@ -229,8 +269,8 @@ def test_marked_render_over_the_output_limit_falls_back():
     assert not any(inc.state.reuse_bases.values()) and (inc.full_renders, inc.reuse_renders) == (1, 0)
 
 
-REUSED_FAMILIES = ("cohere", "gemma", "gemma3", "glm4moe", "llama3", "nemotron_3_5_lightning", "nemotron_3_nano",
-                   "nemotron_3_super", "nemotron_3_ultra", "qwen3")
+REUSED_FAMILIES = ("cohere", "gemma", "gemma3", "glm4moe", "llama3", "llama3_1", "llama3_2", "nemotron_3_5_lightning",
+                   "nemotron_3_nano", "nemotron_3_super", "nemotron_3_ultra", "qwen3")
 """TRL stock templates that are not local and whose loop iterations the plan lets a render keep."""
 
 

@@ -209,3 +209,45 @@ def test_hash_resumes_from_checkpoints_over_long_contexts():
             assert got == render(msgs[:k], tok, add_generation_prompt=agp), k
         longest = max(longest, len(got))
     assert longest > 8 * HASH_STEP
+
+
+# Tool results written as JSON text (Llama 3.2 writes `message.content | tojson`): a result holding a quote is
+# never found in the render, so its message stays unresolved.
+JSON_TOOL_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n"
+    "{% if m.role == 'tool' %}{{ m.content | tojson }}{% else %}{{ m.content }}{% endif %}"
+    "{% for c in m.tool_calls or [] %}<tool_call>{{ c.function.name }}</tool_call>{% endfor %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_a_message_never_found_is_searched_again_only_in_changed_text(tmp_path):
+    """An unresolved message (its text is nowhere in the render) is not searched for again in text that did not
+    change: later renders keep the earlier regions, and each equals a one-shot render. When its text does
+    appear in new text (a later user message quotes it), the render locates as a full render does: here both
+    take the quote for the result and then find no later turn, so both refuse alike."""
+    path = tmp_path / "json_tool.jinja"
+    path.write_text(JSON_TOOL_TEMPLATE)
+    tok = load_tokenizer(str(tokenizer_dir("qwen2.5-instruct")))
+    inc = IncrementalRenderer(tok, str(path))
+    held = [{"role": "user", "content": "task"}]
+    inc.extend(held)
+    inc.render(add_generation_prompt=True)
+    for k in range(6):
+        quote = k == 5  # the last user message holds the first tool result's text verbatim
+        call = {"id": f"c{k}", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+        turn = [{"role": "assistant", "content": f"call {k}", "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": f"c{k}", "content": f'say "r{k}"'},
+                {"role": "user", "content": 'you said say "r0"' if quote else f"next {k}"}]
+        inc.extend(turn)
+        held += turn
+        if quote:
+            with pytest.raises(RenderError, match="message 4: no end-of-turn") as one_shot:
+                render(held, tok, str(path), add_generation_prompt=True)
+            with pytest.raises(RenderError) as incremental:
+                inc.render(add_generation_prompt=True)
+            assert str(incremental.value) == str(one_shot.value)
+            break
+        assert inc.render(add_generation_prompt=True) == render(held, tok, str(path), add_generation_prompt=True), k
+        assert inc.state.unresolved == [2 + 3 * j for j in range(k + 1)]
+        assert inc.state.new_at >= 3 * k  # the earlier messages' regions were kept, not located again

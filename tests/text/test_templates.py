@@ -67,6 +67,9 @@ def test_file_template_and_errors(tmp_path):
         load_template(str(tmp_path / "missing.jinja"), qwen())
     with pytest.raises(TemplateError, match=r"unknown template 'nope-v9'.*chatml-tools-v1"):
         load_template("nope-v9", qwen())
+    source = "{% for m in messages %}" + "x" * 300 + "{% endfor %}"  # source where a name is expected: not a path
+    with pytest.raises(TemplateError, match=r"unknown template '\{% for m in messages %\}x"):
+        load_template(source, qwen())
     (tmp_path / "broken.jinja").write_text("{% for m in messages %}")
     with pytest.raises(TemplateError, match="syntax error at line 1"):
         load_template(str(tmp_path / "broken.jinja"), qwen())

@@ -148,7 +148,7 @@ def locate(st: RenderState, profile: Any, render: Render, template_id: str, text
         st.regions, st.prefix_max, st.mode, st.unresolved = [], [], mode, []
         st.span_dirty = 0
         tail = None
-    keep, cursor = _keep_regions(st, stable)
+    keep, cursor = _keep_regions(st, stable, text)
     relabel_from = min(stable, cursor)
     new: list[TextRegion] = []
     args = (st, profile, render, template_id, text)
@@ -179,7 +179,7 @@ def locate(st: RenderState, profile: Any, render: Render, template_id: str, text
     return relabel_from
 
 
-def _keep_regions(st: RenderState, stable: int) -> tuple[int, int]:
+def _keep_regions(st: RenderState, stable: int, text: str) -> tuple[int, int]:
     """Keep the regions of the leading messages that lie wholly in unchanged text (before char `stable`;
     prefix max of region ends is monotonic, so bisect finds where they stop); return `(the first message
     to locate, the char to search from)`."""
@@ -189,8 +189,8 @@ def _keep_regions(st: RenderState, stable: int) -> tuple[int, int]:
         pos -= 1
     keep = regions[pos - 1].index + 1 if pos else 0
     unresolved = st.unresolved
-    if unresolved and unresolved[0] < keep:  # a message not found so far: search again from it
-        keep = unresolved[0]
+    if unresolved and unresolved[0] < keep and (again := _found_anew(st, unresolved, keep, stable, text)) is not None:
+        keep = again  # a message not found so far now is: search again from it
         while pos and regions[pos - 1].index >= keep:
             pos -= 1
     del regions[pos:], pmax[pos:]
@@ -199,6 +199,21 @@ def _keep_regions(st: RenderState, stable: int) -> tuple[int, int]:
     del unresolved[bisect.bisect_left(unresolved, keep) :]
     cursor = max((r.end for r in regions[-3:] if not (r.index == 0 and r.role == "system")), default=0)
     return keep, cursor
+
+
+def _found_anew(st: RenderState, unresolved: list[int], keep: int, stable: int, text: str) -> int | None:
+    """The first of the `unresolved` messages below `keep` whose text the new text may now hold, or None.
+    The last search for each failed on the old text from its cursor on, and `text[:stable]` is that text, so
+    a match now starts past `stable - len(body)`: the search from there is what a full locate would find
+    (a match between its cursor and there would have been found last time)."""
+    chat, find = st.chat, text.find
+    for u in unresolved:
+        if u >= keep:
+            break
+        body = message_text(chat[u].get("content"))
+        if find(body, max(0, stable - len(body) + 1)) >= 0:
+            return u
+    return None
 
 
 def count_prompts(st: RenderState, gp: str, text: str, stable: int) -> int:

@@ -219,6 +219,14 @@ def _base_sha256(template: ChatTemplate) -> str:
     return _sha256(template.source)
 
 
+def _is_file(path: Path) -> bool:
+    """Whether `path` is a file; False for a name the OS refuses (too long, a NUL: template source, say)."""
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
+
+
 def load_template(spec: str | Path | ChatTemplate | None, tokenizer, *, limits: RenderLimits | None = None,
                   clock: datetime | None = None) -> ChatTemplate:
     """Load a template: None (the tokenizer's own), `name-vN` (ctxkit, sha256 checked) or a `.jinja` path
@@ -248,8 +256,8 @@ def load_template(spec: str | Path | ChatTemplate | None, tokenizer, *, limits: 
                                 "ctxkit.render(messages, tokenizer, template=...) (ctxkit.text.vendor); incremental "
                                 "renderers and context builders render chat templates only")
         path = Path(text).expanduser()
-        if text.endswith(".jinja") or path.is_file():
-            if not path.is_file():
+        if text.endswith(".jinja") or _is_file(path):
+            if not _is_file(path):
                 raise TemplateError(f"template file {text!r} does not exist")
             try:
                 source = path.read_text(encoding="utf-8")

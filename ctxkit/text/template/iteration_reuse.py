@@ -10,7 +10,9 @@ index / index0 / previtem / nextitem`, names the template sets before the loop (
 `ns`), the generation-prompt flag, and values every render is given alike (tools, special tokens, globals,
 macros that read only their arguments). Refused, with the reason: `messages|length` or other whole-list
 uses in the body, `loop.length / revindex / changed / cycle`, a namespace attribute assigned in the body,
-`break`, a macro reading a template variable, includes and imports.
+`break`, a macro reading a template variable, includes and imports, and `messages` assigned anything but
+`messages[c:]` or assigned in the loop (Llama 3.2 shortens it so: the loop then iterates a suffix of the list
+given, and the snapshot records how many messages it skips).
 
 `render_pieces` renders a copy of the template (compiled once per template) whose loop writes only
 iterations `< lead` and `>= start`, each after a marker, and prints the snapshot before the loop. After
@@ -41,7 +43,7 @@ SECTION = f"\x1ectxkit-section-{_NONCE}\x1e"
 """Marks the snapshot's ends and the loop's end in a marked render (random per process)."""
 ITERATION = f"\x1ectxkit-iteration-{_NONCE}\x1e"
 """Opens each iteration a marked render writes."""
-LEAD, START, SNAPSHOT = "__ctxkit_lead", "__ctxkit_start", "__ctxkit_snapshot"
+LEAD, START, SNAPSHOT, GIVEN = "__ctxkit_lead", "__ctxkit_start", "__ctxkit_snapshot", "__ctxkit_messages"
 
 
 @dataclass(frozen=True)
@@ -89,13 +91,7 @@ def _aliases(tree, nodes) -> dict[str, int]:
     for node in tree.find_all(nodes.Assign):
         if not isinstance(node.target, nodes.Name):
             continue
-        name, value, start = node.target.name, node.node, None
-        if _is_messages(value, nodes):
-            start = 0
-        elif (isinstance(value, nodes.Getitem) and _is_messages(value.node, nodes) and isinstance(value.arg, nodes.Slice)
-              and value.arg.stop is None and value.arg.step is None and isinstance(value.arg.start, nodes.Const)
-              and type(value.arg.start.value) is int and value.arg.start.value >= 0):
-            start = value.arg.start.value
+        name, start = node.target.name, _suffix_start(node.node, nodes)
         if start is None:
             refused.add(name)
         else:
@@ -105,6 +101,33 @@ def _aliases(tree, nodes) -> dict[str, int]:
                          if isinstance(n, nodes.Name)}
     stored_otherwise |= {b.target.name for b in tree.find_all(nodes.AssignBlock) if isinstance(b.target, nodes.Name)}
     return {k: v for k, v in out.items() if k not in refused | stored_otherwise and k != "messages"}
+
+
+def _suffix_start(value, nodes) -> int | None:
+    """`c` when `value` is `messages[c:]` (a constant `c >= 0`; `messages` itself is 0), else None."""
+    if _is_messages(value, nodes):
+        return 0
+    if (isinstance(value, nodes.Getitem) and _is_messages(value.node, nodes) and isinstance(value.arg, nodes.Slice)
+            and value.arg.stop is None and value.arg.step is None and isinstance(value.arg.start, nodes.Const)
+            and type(value.arg.start.value) is int and value.arg.start.value >= 0):
+        return value.arg.start.value
+    return None
+
+
+def _messages_assignments(tree, main, nodes) -> str:
+    """Why the template's assignments to `messages` rule reuse out, or "" when each is `messages[c:]` outside the
+    main loop (Llama 3.2 drops the system and first user messages so): the list the loop then iterates is a
+    suffix of the one given, whose offset the snapshot records."""
+    inside = {id(n) for n in main.find_all(nodes.Name)}
+    for n in tree.find_all(nodes.Name):
+        if n.name != "messages" or n.ctx == "load":
+            continue
+        if id(n) in inside:
+            return f"line {n.lineno}: the loop over messages assigns messages"
+        assign = next((a for a in tree.find_all(nodes.Assign) if a.target is n), None)
+        if assign is None or _suffix_start(assign.node, nodes) is None:
+            return f"line {n.lineno}: the template assigns messages something other than messages[c:]"
+    return ""
 
 
 def reuse_plan(source: str, constant: frozenset[str] = frozenset()) -> ReusePlan:
@@ -125,8 +148,8 @@ def reuse_plan(source: str, constant: frozenset[str] = frozenset()) -> ReusePlan
         return ReusePlan(False, main)
     loop_list = main.iter.name
     top_set = {name for stmt in tree.body if stmt is not main for name in _stored(stmt, nodes)}
-    if "messages" in top_set:  # the loop may then iterate another list (Llama 3.2 drops the first message)
-        return ReusePlan(False, "the template assigns messages")
+    if why := _messages_assignments(tree, main, nodes):
+        return ReusePlan(False, why)
     macros = {m.name: m for m in tree.body if isinstance(m, nodes.Macro)}
     scan = _BodyScan(nodes, ("messages", loop_list), aliases.get(loop_list, 0))
     for child in main.body:
@@ -300,7 +323,7 @@ def _marked_template(template: ChatTemplate, plan: ReusePlan):
                     nodes.Compare(index0, [nodes.Operand("gteq", nodes.Name(START, "load"))]))
     main.body = [nodes.If(test, [nodes.Output([nodes.TemplateData(ITERATION)]), *main.body], [], [])]
     snapshot = nodes.Call(nodes.Name(SNAPSHOT, "load"), [nodes.Name(n, "load") for n in
-                                                        ("messages", plan.loop_list, *plan.names)], [], None, None)
+                                                        (GIVEN, "messages", plan.loop_list, *plan.names)], [], None, None)
     at = tree.body.index(main)
     tree.body[at:at + 1] = [nodes.Output([nodes.TemplateData(SECTION), snapshot, nodes.TemplateData(SECTION)]),
                             main, nodes.Output([nodes.TemplateData(SECTION)])]
@@ -314,12 +337,13 @@ def _marked_template(template: ChatTemplate, plan: ReusePlan):
     return compiled
 
 
-def _snapshot(record: dict, messages: Any, loop_list: Any, *values: Any) -> str:
-    """The text a snapshot compares by: how many messages precede the loop's first (kept in `record`) and each
+def _snapshot(record: dict, given: Any, messages: Any, loop_list: Any, *values: Any) -> str:
+    """The text a snapshot compares by: how many of the messages given precede the loop's first (kept in
+    `record`) and the first of `messages` as the loop sees it (a template may drop leading ones), and each
     value's type and repr (an object without a value repr shows its identity, so it never compares equal
     across renders: a full render then)."""
-    record["offset"] = offset = len(messages) - len(loop_list)
-    return repr([offset, *((type(v).__name__, v) for v in values)])
+    record["offset"] = offset = len(given) - len(loop_list)
+    return repr([offset, len(given) - len(messages), *((type(v).__name__, v) for v in values)])
 
 
 def render_pieces(template: ChatTemplate, plan: ReusePlan, chat: list[dict], tools: Any, agp: bool,
@@ -329,7 +353,8 @@ def render_pieces(template: ChatTemplate, plan: ReusePlan, chat: list[dict], too
     compiled = _marked_template(template, plan)
     variables = template.render_variables(chat, tools, agp)
     record: dict[str, int] = {}
-    variables.update({LEAD: lead, START: start, SNAPSHOT: functools.partial(_snapshot, record)})
+    variables.update({LEAD: lead, START: start, SNAPSHOT: functools.partial(_snapshot, record),
+                      GIVEN: variables["messages"]})
     text = render_sandboxed(compiled, template.limits, variables, f"template {template.id}")
     parts = text.split(SECTION)
     if len(parts) != 4:
