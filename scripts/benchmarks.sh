@@ -49,8 +49,8 @@ PY
 echo "== side by side with renderers (the bench extra): ids vs apply_chat_template per family, whole episodes turn by turn"
 if python -c "import renderers" 2>/dev/null; then
     ctxkit bench render --peer renderers --turns 40 --repeats 3
-    echo "== history-rewriting templates over 200 turns (README: iteration reuse on Qwen3, Llama 3 and 3.2, Nemotron 3)"
-    ctxkit bench render --peer renderers --families shared:qwen3,qwen3,llama3,llama3_2,nemotron_3_nano --turns 200 --repeats 3
+    echo "== history-rewriting templates over 200 turns (README: iteration reuse on Qwen3, Llama 3 and 3.2, Nemotron 3, Qwen 3.5 and 3.6)"
+    ctxkit bench render --peer renderers --families shared:qwen3,qwen3,llama3,llama3_2,nemotron_3_nano,qwen3_5_think,qwen3_6 --turns 200 --repeats 3
     echo "== the same, whole-episode speed on a real trajectory (tau2 telecom, first episode)"
     python -m ctxkit.benchmarks.peer_renderers --episodes 0 --repeats 3 \
         --episode "${CTXKIT_SHARED:-../shared}/trajectories/tau2__telecom_gpt-4o_20sims.json"

@@ -42,6 +42,16 @@ DROP_TEMPLATE = (
     "{% endif %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
+# A counter the loop carries (Qwen 3.5 counts images in a macro): a system message past the first bumps it, and
+# every iteration prints it, so an iteration's text depends on the messages before it through the counter.
+CARRIED_TEMPLATE = (
+    "{% set seen = namespace(n=0) %}{% macro body(m) %}{% if m.role == 'system' %}{% set seen.n = seen.n + 1 %}"
+    "{% endif %}{{ m.content }}{% endmacro %}"
+    "{% for message in messages %}<|im_start|>{{ message.role }}\n{{ body(message) }}#{{ seen.n }}"
+    "{% if loop.last %}$last{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
 # A namespace set before the loop from the whole list (the last user message), `loop.last`, a neighbour two
 # back and one ahead: not local, but every iteration reads only what the plan allows.
 SNAPSHOT_TEMPLATE = (
@@ -72,7 +82,15 @@ def _tok(name: str = "qwen2.5-instruct"):
     ("{% for m in messages %}{{ loop.length }}{% endfor %}", "loop.length", (), 1),
     ("{% for m in messages %}{% if loop.changed(m.role) %}.{% endif %}{% endfor %}", "loop.changed", (), 1),
     ("{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}{{ ns.n }}{% endfor %}",
-     "namespace attribute assigned", (), 1),
+     "", ("ns",), 1),  # a counter the loop carries: kept only where the state handed on matches (CARRIED_TEMPLATE)
+    ("{% for m in messages %}{% set ns = namespace(n=0) %}{% set ns.n = 1 %}{{ m.content }}{% endfor %}",
+     "namespace attribute assigned in the loop (ns.n)", (), 1),
+    ("{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns = namespace(n=1) %}{% set ns.n = 2 %}"
+     "{{ m.content }}{% endfor %}", "namespace attribute assigned in the loop (ns.n)", (), 1),
+    ("{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = 2 %}{% for ns in [1] %}{% endfor %}"
+     "{{ m.content }}{% endfor %}", "the loop sets ['ns'] itself", (), 1),
+    ("{% set ns = namespace(n=0) %}{% macro f(c) %}{% set ns.n = ns.n + 1 %}{{ c }}{% endmacro %}"
+     "{% for m in messages %}{{ f(m.content) }}{% endfor %}", "", ("ns",), 1),
     ("{% for m in messages %}{% if m.role == 'x' %}{% break %}{% endif %}{{ m.content }}{% endfor %}", "break", (), 1),
     ("{% set x = 1 %}{% macro f(c) %}{{ c }}{{ x }}{% endmacro %}{% for m in messages %}{{ f(m.content) }}{% endfor %}",
      "macro f reads x", (), 1),
@@ -180,8 +198,10 @@ def test_snapshot_and_alias_templates_equal_full_render(tmp_path_factory, roles,
     """Hypothesis over role sequences, appends, cuts and prompt flags on `SNAPSHOT_TEMPLATE` (snapshot,
     reach 2 both ways, `loop.last`, and a prelude that prints the list's length) and `ALIAS_TEMPLATE` (the
     loop over `loop_messages`, one message shorter when a system message leads): every render equals the
-    plain template's text of the messages held; and `DROP_TEMPLATE` (`messages` itself shortened by 0-2)."""
-    for name, source in (("snapshot", SNAPSHOT_TEMPLATE), ("alias", ALIAS_TEMPLATE), ("drop", DROP_TEMPLATE)):
+    plain template's text of the messages held; and `DROP_TEMPLATE` (`messages` itself shortened by 0-2) and
+    `CARRIED_TEMPLATE` (a counter carried from iteration to iteration)."""
+    for name, source in (("snapshot", SNAPSHOT_TEMPLATE), ("alias", ALIAS_TEMPLATE), ("drop", DROP_TEMPLATE),
+                         ("carried", CARRIED_TEMPLATE)):
         path = tmp_path_factory.getbasetemp() / f"{name}.jinja"
         path.write_text(source)
         _grow_and_cut(path, list(roles), list(cuts), agps)
@@ -234,6 +254,29 @@ def test_a_template_that_shortens_messages_keeps_iterations(tmp_path):
     assert (inc.full_renders, inc.reuse_renders) == (2, 6)
 
 
+def test_carried_state_is_restored_after_the_kept_iterations(tmp_path):
+    """`CARRIED_TEMPLATE`: a system message mid-way bumps the counter inside the kept iterations; the render that
+    skips them sets the counter, at the first iteration after the gap, to the earlier render's state there (1,
+    not the lead's 0), so renders keep iterations across the bump and each equals the plain template's text."""
+    path = tmp_path / "carried.jinja"
+    path.write_text(CARRIED_TEMPLATE)
+    assert reuse_plan(CARRIED_TEMPLATE).carried == ("seen",)
+    tok = _tok()
+    inc = IncrementalRenderer(tok, str(path))
+    plain = load_template(str(path), tok)
+    held, counts = [{"role": "user", "content": "task"}], []
+    inc.extend(held)
+    for i in range(8):
+        turn = [{"role": "system" if i == 4 else "assistant", "content": f"a{i}"}, {"role": "user", "content": f"u{i}"}]
+        inc.extend(turn)
+        held += turn
+        ctx = inc.render(add_generation_prompt=True)
+        assert tok.decode(ctx.token_ids) == plain.render_text(held, add_generation_prompt=True)
+        counts.append((inc.full_renders, inc.reuse_renders))
+    assert counts == [(1, k) for k in range(8)]  # a full render builds the first base; every later one keeps
+    assert "a7#1" in tok.decode(ctx.token_ids)  # the last turn, rendered after the gap, prints the restored count
+
+
 @pytest.mark.parametrize("marker", [SECTION, ITERATION])
 def test_marker_in_content_falls_back(marker):
     """A message holding a marker's text (tool output is untrusted) does not cut the marked render as
@@ -269,8 +312,9 @@ def test_marked_render_over_the_output_limit_falls_back():
     assert not any(inc.state.reuse_bases.values()) and (inc.full_renders, inc.reuse_renders) == (1, 0)
 
 
-REUSED_FAMILIES = ("cohere", "gemma", "gemma3", "glm4moe", "llama3", "llama3_1", "llama3_2", "nemotron_3_5_lightning",
-                   "nemotron_3_nano", "nemotron_3_super", "nemotron_3_ultra", "qwen3")
+REUSED_FAMILIES = ("cohere", "deepseek_r1_distill", "deepseekv3", "gemma", "gemma3", "glm4moe", "llama3", "llama3_1",
+                   "llama3_2", "nemotron_3_5_lightning", "nemotron_3_nano", "nemotron_3_super", "nemotron_3_ultra",
+                   "qwen3", "qwen3_5_nothink", "qwen3_5_think", "qwen3_6", "qwen3_8", "qwen3_vl")
 """TRL stock templates that are not local and whose loop iterations the plan lets a render keep."""
 
 
@@ -297,7 +341,7 @@ def test_trl_families_grown_message_by_message(family, tmp_path):
             try:
                 expected = tpl.render_text(msgs[: i + 1], tools=tools, add_generation_prompt=True)
             except CtxkitError:
-                break  # the template refuses this prefix (e.g. a tool result first): nothing to compare
+                continue  # the template refuses this prefix (Qwen 3.5: a system message alone): nothing to compare
             text = rendered_text(inc.state, inc._render_text, plan.locality, True, inc._reuse)
             assert text == expected, (family, name, i)
         kept += inc.reuse_renders

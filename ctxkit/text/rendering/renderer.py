@@ -262,8 +262,8 @@ class IncrementalRenderer:
                 return text
         return self.template.render_chat(chat, tools=self._tools_plain, add_generation_prompt=agp)
 
-    def _render_pieces(self, chat: list[dict], agp: bool, lead: int, start: int):
-        return render_pieces(self.template, self._profile.reuse, chat, self._tools_plain, agp, lead, start)
+    def _render_pieces(self, chat: list[dict], agp: bool, lead: int, start: int, restore: tuple | None = None):
+        return render_pieces(self.template, self._profile.reuse, chat, self._tools_plain, agp, lead, start, restore)
 
     def render(self, add_generation_prompt: bool = False) -> RenderedContext:
         """The context for the messages so far (ids equal `apply_chat_template(..., tokenize=True)`)."""

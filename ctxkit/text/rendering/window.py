@@ -24,9 +24,9 @@ from ctxkit.text.rendering.state import RenderState
 from ctxkit.text.template.locality import window_delta, window_start
 
 Render = Callable[[list, bool], str]
-Pieces = Callable[[list, bool, int, int], Any]
-"""`(chat, agp, lead, start) -> iteration_reuse.Pieces | None`: a marked render writing iterations `< lead`
-and `>= start`."""
+Pieces = Callable[..., Any]
+"""`(chat, agp, lead, start, restore=None) -> iteration_reuse.Pieces | None`: a marked render writing iterations
+`< lead` and `>= start`, the carried namespaces set to `restore` at `start`."""
 
 
 def rendered_text(st: RenderState, render: Render, locality: Any, agp: bool,
@@ -113,7 +113,8 @@ def reused_text(st: RenderState, pieces: Pieces, reach: int, agp: bool, chat: li
             bases.clear()
             return None
         text = "".join((got.prelude, *got.iterations, got.epilogue))
-        new = (len(got.iterations), text, _ends(len(got.prelude), got.iterations), got.snapshot, got.offset, n)
+        new = (len(got.iterations), text, _ends(len(got.prelude), got.iterations), got.snapshot, got.offset, n,
+               got.states)
         st.full_renders += count
     else:
         st.reuse_renders += count
@@ -126,19 +127,26 @@ def reused_text(st: RenderState, pieces: Pieces, reach: int, agp: bool, chat: li
 def _from_base(base: tuple, pieces: Pieces, reach: int, chat: list, agp: bool) -> tuple | None:
     """The new base of rendering `chat` with the iterations `[reach, start)` kept from `base`; None when it keeps
     none or its snapshot differs."""
-    m, old, ends, snapshot, offset, _ = base
+    m, old, ends, snapshot, offset, _, states = base
     n, lead = len(chat), reach
     start = min(m, n - offset) - reach
-    got = pieces(chat, agp, lead, start) if start > lead else None
+    if start <= lead:
+        return None
+    got = pieces(chat, agp, lead, start, None if states is None else states[start][1])
     if got is None or got.snapshot != snapshot:
         return None
+    if states is not None:
+        # the kept iterations start from the base's state at `lead` (this render's, before the restore at `start`)
+        if got.states is None or got.states[lead][0] != states[lead][0]:
+            return None
+        states = got.states[:lead] + states[lead:start + 1] + got.states[lead + 1:]
     head = got.prelude + "".join(got.iterations[:lead])
     a, b = ends[lead - 1], ends[start - 1]
     shift = len(head) - a
     tail = got.iterations[lead:]
     new_ends = (_ends(len(got.prelude), got.iterations[:lead]) + [e + shift for e in ends[lead:start]]
                 + _ends(b + shift, tail))
-    return n - offset, "".join((head, old[a:b], *tail, got.epilogue)), new_ends, snapshot, offset, n
+    return n - offset, "".join((head, old[a:b], *tail, got.epilogue)), new_ends, snapshot, offset, n, states
 
 
 def _ends(offset: int, texts: list[str]) -> list[int]:

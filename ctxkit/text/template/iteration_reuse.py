@@ -26,12 +26,14 @@ the earlier text, and the whole render is the fresh prelude and lead, the kept m
 
 from __future__ import annotations
 
+import copy
 import functools
 import secrets
 import threading
 from dataclasses import dataclass
 from typing import Any
 
+from ctxkit.errors import TemplateError
 from ctxkit.text.template.chat_template import ChatTemplate
 from ctxkit.text.template.sandbox import compile_template, render_sandboxed, sandbox_environment
 
@@ -43,7 +45,10 @@ SECTION = f"\x1ectxkit-section-{_NONCE}\x1e"
 """Marks the snapshot's ends and the loop's end in a marked render (random per process)."""
 ITERATION = f"\x1ectxkit-iteration-{_NONCE}\x1e"
 """Opens each iteration a marked render writes."""
-LEAD, START, SNAPSHOT, GIVEN = "__ctxkit_lead", "__ctxkit_start", "__ctxkit_snapshot", "__ctxkit_messages"
+STATE = f"\x1ectxkit-state-{_NONCE}\x1e"
+"""Ends the carried namespaces' state written after an iteration's marker (`ReusePlan.carried`)."""
+LEAD, START, SNAPSHOT, GIVEN, CARRIED, RESTORE = ("__ctxkit_lead", "__ctxkit_start", "__ctxkit_snapshot",
+                                                 "__ctxkit_messages", "__ctxkit_carried", "__ctxkit_restore")
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,11 @@ class ReusePlan:
     loop_list: str = "messages"
     """The list the main loop iterates: `messages` or an alias of `messages` or `messages[c:]` (`loop_messages`);
     the snapshot holds how many messages precede its first."""
+    carried: tuple[str, ...] = ()
+    """Namespaces set before the loop whose attributes the loop (or a macro it calls) assigns (Qwen 3.5's image
+    counters, DeepSeek's turn flags): a marked render records their state at each iteration's start, and one
+    that skips iterations sets them, at the first iteration after the gap, to the state the earlier render
+    had there (module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +87,9 @@ class Pieces:
     """The text after the loop."""
     offset: int = 0
     """Messages before the loop's first (`ReusePlan.loop_list`): iteration `i` renders message `i + offset`."""
+    states: list[tuple[str, tuple]] | None = None
+    """With `ReusePlan.carried`: per iteration written, the carried namespaces' state at its start, before any
+    `restore` (its text, and a copy of each namespace's attributes); else None."""
 
 
 def _is_messages(n, nodes, lists: Any = ("messages",)) -> bool:
@@ -151,24 +164,40 @@ def reuse_plan(source: str, constant: frozenset[str] = frozenset()) -> ReusePlan
     if why := _messages_assignments(tree, main, nodes):
         return ReusePlan(False, why)
     macros = {m.name: m for m in tree.body if isinstance(m, nodes.Macro)}
-    scan = _BodyScan(nodes, ("messages", loop_list), aliases.get(loop_list, 0))
+    spaces = _top_namespaces(tree, main, nodes)
+    scan = _BodyScan(nodes, ("messages", loop_list), aliases.get(loop_list, 0), spaces)
     for child in main.body:
         scan.visit(child, True)
-    problems = scan.problems
+    problems, carried = scan.problems, set(scan.carried)
     reached, todo = set(), [n for n in scan.loaded if n in macros]
     while todo:
         name = todo.pop()
         if name in reached:
             continue
         reached.add(name)
-        problems += _macro_problems(macros[name], top_set, macros, todo, nodes)
+        problems += _macro_problems(macros[name], top_set, macros, todo, nodes, spaces, carried)
+    if carried & scan.stored:
+        problems.append(f"the loop sets {sorted(carried & scan.stored)} itself")
     if problems:
         return ReusePlan(False, "; ".join(dict.fromkeys(problems)))
     targets = set(_stored(main.target, nodes))
     fixed = _CONSTANT | constant | set(sandbox_environment().globals)
-    names = sorted(n for n in scan.loaded - targets - {"messages", "loop", loop_list} - set(macros)
+    names = sorted(n for n in (scan.loaded | carried) - targets - {"messages", "loop", loop_list} - set(macros)
                    if n in top_set or n not in fixed and n not in scan.stored or n == "add_generation_prompt")
-    return ReusePlan(True, "", scan.reach, tuple(names), loop_list)
+    return ReusePlan(True, "", scan.reach, tuple(names), loop_list, tuple(sorted(carried)))
+
+
+def _top_namespaces(tree, main, nodes) -> frozenset[str]:
+    """Names every assignment of which is a `namespace(...)` call outside the main loop (and outside macros)."""
+    inside = {id(a) for a in main.find_all(nodes.Assign)}
+    inside |= {id(a) for m in tree.find_all(nodes.Macro) for a in m.find_all(nodes.Assign)}
+    made, other = set(), set()
+    for a in tree.find_all(nodes.Assign):
+        if isinstance(a.target, nodes.Name):
+            is_ns = (id(a) not in inside and isinstance(a.node, nodes.Call) and isinstance(a.node.node, nodes.Name)
+                     and a.node.node.name == "namespace")
+            (made if is_ns else other).add(a.target.name)
+    return frozenset(made - other)
 
 
 def _main_loop(tree, nodes, aliases: dict[str, int]):
@@ -201,28 +230,38 @@ def _stored(node, nodes) -> list[str]:
     return [name for child in node.iter_child_nodes() for name in _stored(child, nodes)]
 
 
-def _macro_problems(macro, top_set: set[str], macros: dict, todo: list, nodes) -> list[str]:
+def _macro_problems(macro, top_set: set[str], macros: dict, todo: list, nodes, spaces: frozenset[str] = frozenset(),
+                    carried: set[str] | None = None) -> list[str]:
     """Why a macro the loop calls makes iterations depend on more than they read (and the macros it calls
-    go to `todo`)."""
+    go to `todo`). A namespace of `spaces` it reads or assigns attributes of is carried state (`carried`)."""
     problems = []
+    carried = set() if carried is None else carried
     own = {a.name for a in macro.args} | {n.name for n in macro.find_all(nodes.Name) if n.ctx in ("store", "param")}
     for n in macro.find_all(nodes.Name):
         if n.ctx != "load" or n.name in own:
             continue
         if n.name in macros:
             todo.append(n.name)
+        elif n.name in spaces:
+            carried.add(n.name)
         elif n.name == "messages" or n.name in top_set:
             problems.append(f"line {n.lineno}: macro {macro.name} reads {n.name}")
-    if any(True for _ in macro.find_all(nodes.NSRef)):
-        problems.append(f"macro {macro.name} assigns a namespace attribute")
+    for ref in macro.find_all(nodes.NSRef):
+        if ref.name in spaces and ref.name not in own:
+            carried.add(ref.name)
+        else:
+            problems.append(f"macro {macro.name} assigns a namespace attribute ({ref.name}.{ref.attr})")
     return problems
 
 
 class _BodyScan:
     """Walks the main loop's body: what it loads and stores, its reach, and what breaks independence."""
 
-    def __init__(self, nodes, lists: tuple[str, ...], shift: int):
+    def __init__(self, nodes, lists: tuple[str, ...], shift: int, spaces: frozenset[str] = frozenset()):
         self.nodes = nodes
+        self.spaces = spaces
+        """Namespaces set before the loop: attributes of these assigned in the body are carried state."""
+        self.carried: set[str] = set()
         self.lists = lists
         """`messages` and the list the loop iterates (the same, or an alias starting `shift` messages later)."""
         self.shift = shift
@@ -259,7 +298,10 @@ class _BodyScan:
         if isinstance(n, nodes.Break) and main:
             self.problems.append(f"line {n.lineno}: break in the loop over messages")
         elif isinstance(n, nodes.NSRef):
-            self.problems.append(f"line {n.lineno}: namespace attribute assigned in the loop ({n.name}.{n.attr})")
+            if n.name in self.spaces:
+                self.carried.add(n.name)
+            else:
+                self.problems.append(f"line {n.lineno}: namespace attribute assigned in the loop ({n.name}.{n.attr})")
         elif isinstance(n, nodes.Getitem) and _is_messages(n.node, nodes, self.lists):
             arg = n.arg
             if isinstance(arg, nodes.Const) and arg.value == 0:
@@ -321,7 +363,15 @@ def _marked_template(template: ChatTemplate, plan: ReusePlan):
     index0 = nodes.Getattr(nodes.Name("loop", "load"), "index0", "load")
     test = nodes.Or(nodes.Compare(index0, [nodes.Operand("lt", nodes.Name(LEAD, "load"))]),
                     nodes.Compare(index0, [nodes.Operand("gteq", nodes.Name(START, "load"))]))
-    main.body = [nodes.If(test, [nodes.Output([nodes.TemplateData(ITERATION)]), *main.body], [], [])]
+    opening = [nodes.Output([nodes.TemplateData(ITERATION)])]
+    if plan.carried:
+        spaces = [nodes.Name(n, "load") for n in plan.carried]
+        at_start = nodes.Compare(index0, [nodes.Operand("eq", nodes.Name(START, "load"))])
+        opening = [nodes.Output([nodes.TemplateData(ITERATION), nodes.Call(nodes.Name(CARRIED, "load"), spaces, [],
+                                                                           None, None), nodes.TemplateData(STATE)]),
+                   nodes.If(at_start, [nodes.Output([nodes.Call(nodes.Name(RESTORE, "load"), spaces, [], None, None)])],
+                            [], [])]
+    main.body = [nodes.If(test, [*opening, *main.body], [], [])]
     snapshot = nodes.Call(nodes.Name(SNAPSHOT, "load"), [nodes.Name(n, "load") for n in
                                                         (GIVEN, "messages", plan.loop_list, *plan.names)], [], None, None)
     at = tree.body.index(main)
@@ -346,15 +396,47 @@ def _snapshot(record: dict, given: Any, messages: Any, loop_list: Any, *values: 
     return repr([offset, len(given) - len(messages), *((type(v).__name__, v) for v in values)])
 
 
+def _attrs(space: Any) -> dict:
+    """A namespace's attribute dict itself (Jinja keeps it private)."""
+    return object.__getattribute__(space, "_Namespace__attrs")
+
+
+def _carried_state(record: list, *spaces: Any) -> str:
+    """The text a carried state compares by (`ReusePlan.carried`): each namespace's type and repr; a copy of
+    each one's attributes goes to `record`."""
+    from jinja2.utils import Namespace  # lazy: jinja2 loads on first use
+
+    text = repr([(type(v).__name__, v) for v in spaces])
+    record.append((text, tuple(copy.deepcopy(_attrs(v)) if isinstance(v, Namespace) else None for v in spaces)))
+    return ""
+
+
+def _restore(values: tuple | None, *spaces: Any) -> str:
+    """Set each carried namespace's attributes to a copy of `values` (recorded by `_carried_state`)."""
+    from jinja2.utils import Namespace  # lazy: jinja2 loads on first use
+
+    if values is None:
+        return ""
+    for space, attrs in zip(spaces, values, strict=True):
+        if not isinstance(space, Namespace) or attrs is None:
+            raise TemplateError("a carried namespace is no namespace here: cannot restore its state")
+        _attrs(space).clear()
+        _attrs(space).update(copy.deepcopy(attrs))
+    return ""
+
+
 def render_pieces(template: ChatTemplate, plan: ReusePlan, chat: list[dict], tools: Any, agp: bool,
-                  lead: int, start: int) -> Pieces | None:
+                  lead: int, start: int, restore: tuple | None = None) -> Pieces | None:
     """Render `chat` through the marked copy of `template`, writing iterations `< lead` and `>= start`;
-    None when the markers do not cut it as expected (a message's text holding one)."""
+    `restore`: the carried namespaces' attributes to set at iteration `start` (`Pieces.states`). None when the
+    markers do not cut it as expected (a message's text holding one)."""
     compiled = _marked_template(template, plan)
     variables = template.render_variables(chat, tools, agp)
     record: dict[str, int] = {}
+    states: list = []
     variables.update({LEAD: lead, START: start, SNAPSHOT: functools.partial(_snapshot, record),
-                      GIVEN: variables["messages"]})
+                      GIVEN: variables["messages"], CARRIED: functools.partial(_carried_state, states),
+                      RESTORE: functools.partial(_restore, restore)})
     text = render_sandboxed(compiled, template.limits, variables, f"template {template.id}")
     parts = text.split(SECTION)
     if len(parts) != 4:
@@ -364,7 +446,11 @@ def render_pieces(template: ChatTemplate, plan: ReusePlan, chat: list[dict], too
     n = len(chat) - offset
     if offset < 0 or iterations[0] or len(iterations) - 1 != min(lead, n) + max(0, n - max(start, lead)):
         return None
-    return Pieces(parts[0], parts[1], iterations[1:], parts[3], offset)
+    if plan.carried:
+        if any(not it.startswith(STATE) for it in iterations[1:]) or len(states) != len(iterations) - 1:
+            return None
+        iterations = [""] + [it[len(STATE):] for it in iterations[1:]]
+    return Pieces(parts[0], parts[1], iterations[1:], parts[3], offset, states if plan.carried else None)
 
 
-__all__ = ["ITERATION", "SECTION", "Pieces", "ReusePlan", "render_pieces", "reuse_plan"]
+__all__ = ["ITERATION", "SECTION", "STATE", "Pieces", "ReusePlan", "render_pieces", "reuse_plan"]
