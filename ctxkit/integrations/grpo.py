@@ -23,7 +23,9 @@ One iteration (`run_grpo`):
 while batch k is trained, batch k+1 is sampled in a thread by a copy of the weights taken before update k,
 so every batch after the first is one update old when it is trained (lag 1), and the loss uses TIS (the
 ratio against the trainer's own log-probs before the update, each token weighted by min(pi_old / mu, C)).
-Each iteration appends a `GrpoStep` to `out_dir/grpo_log.jsonl`.
+Each iteration appends a `GrpoStep` to `out_dir/grpo_log.jsonl`; after the last one the trained weights and
+the policy's tokenizer are saved to `out_dir/checkpoint` (a folder the `transformers` agent loads:
+`model_path = "DIR/<run>/checkpoint"`), so the trained policy can be evaluated on held-out seeds.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import shutil
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -52,7 +55,7 @@ from ctxkit.training.episode_samples import TrainingSample, samples
 from ctxkit.training.preflight import is_discarded
 from ctxkit.training.reference_step import LossConfig, reference_step
 
-__all__ = ["MODES", "GrpoSpec", "GrpoStep", "group_advantages", "run_grpo"]
+__all__ = ["MODES", "GrpoSpec", "GrpoStep", "group_advantages", "run_grpo", "save_policy"]
 
 MODES: tuple[str, ...] = ("sync", "one-step-off")
 """How generation and the update are scheduled (module docstring)."""
@@ -240,15 +243,33 @@ def _update(spec: GrpoSpec, model: Any, optimizer: Any, batch: _Batch, loss: Los
     return figures, started
 
 
+def save_policy(model: Any, hf_tokenizer: Any, folder: str | Path) -> Path:
+    """Save a trained causal LM and its `transformers` tokenizer into `folder` (written to a sibling temporary
+    folder first and renamed, so a crash never leaves a half-written checkpoint under the final name)."""
+    final = Path(folder)
+    if final.exists():
+        raise ConfigError(f"{final}: a checkpoint already exists; choose a new output folder")
+    partial = final.with_name(final.name + ".partial")
+    if partial.exists():
+        shutil.rmtree(partial)
+    model.save_pretrained(partial)
+    hf_tokenizer.save_pretrained(partial)
+    partial.rename(final)
+    return final
+
+
 def run_grpo(spec: GrpoSpec, out_dir: str | Path, *, model_path: str | None = None, tokenizer: Any,
              threads: int | None = None) -> list[GrpoStep]:
     """Train the model at `model_path` (None: SmolLM2-135M-Instruct) with GRPO on `spec` (module docstring);
-    returns the iterations, also appended to `out_dir/grpo_log.jsonl`. `tokenizer`: the contexts' tokenizer."""
+    returns the iterations, also appended to `out_dir/grpo_log.jsonl`; the trained policy is saved to
+    `out_dir/checkpoint` (`save_policy`). `tokenizer`: the contexts' tokenizer."""
     import torch  # lazy: the train extra loads on first use
 
     if threads is not None:
         torch.set_num_threads(threads)
     out = Path(out_dir)
+    if (out / "checkpoint").exists():  # refused before training, not after
+        raise ConfigError(f"{out / 'checkpoint'}: a checkpoint already exists; choose a new output folder")
     out.mkdir(parents=True, exist_ok=True)
     tok = tokenizer if isinstance(tokenizer, Tokenizer) else load_tokenizer(str(tokenizer))
     task = make_task(spec.task, dict(spec.task_params), where="GrpoSpec")
@@ -283,4 +304,5 @@ def run_grpo(spec: GrpoSpec, out_dir: str | Path, *, model_path: str | None = No
             history.append(record)
             f.write(json.dumps(record.to_dict()) + "\n")
             f.flush()
+    save_policy(model, agent.lm.hf_tokenizer, out / "checkpoint")
     return history

@@ -59,3 +59,36 @@ def test_every_step_records_the_policy_version_that_sampled_it(tmp_path, mode, l
             # in effect: the trainer's recomputed log-probs reproduce the recorded ones
             assert h.mean_ratio == pytest.approx(1.0, abs=1e-3)
             assert (h.mean_tis_weight is None) == (mode == "sync")
+    assert (tmp_path / "checkpoint" / "config.json").is_file() and (tmp_path / "checkpoint" / "tokenizer.json").is_file()
+    with pytest.raises(ConfigError, match="checkpoint already exists"):  # refused before any rollout
+        run_grpo(spec, tmp_path, tokenizer=tok, threads=2)
+    assert len((tmp_path / "grpo_log.jsonl").read_text().splitlines()) == 2
+
+
+@pytest.mark.slow
+def test_the_saved_policy_holds_the_trained_weights_and_the_agent_loads_it(tmp_path):
+    for module in ("torch", "transformers", "gguf"):
+        require_module(module)
+    import torch
+
+    from ctxkit.context.models import load_causal_lm
+    from ctxkit.experiment.agents.hf import TransformersAgent
+    from ctxkit.integrations.grpo import save_policy
+    from ctxkit.integrations.trl import trainable_copy
+    from ctxkit.text.tokenizer.loader import load_tokenizer
+
+    base = load_causal_lm()
+    model = trainable_copy(base.model)
+    name, param = next((n, p) for n, p in model.named_parameters() if p.ndim == 1)
+    with torch.no_grad():
+        param.add_(0.5)  # a stand-in for an update: the base weights plus a known shift
+    folder = save_policy(model, base.hf_tokenizer, tmp_path / "checkpoint")
+    assert not (tmp_path / "checkpoint.partial").exists()
+    loaded = TransformersAgent(tokenizer=load_tokenizer(tokenizer_dir("smollm2-135m-instruct")),
+                               model_path=str(folder)).lm
+    saved = dict(loaded.model.named_parameters())[name]
+    original = dict(base.model.named_parameters())[name]
+    assert torch.equal(saved, param) and torch.allclose(saved - original, torch.full_like(original, 0.5))
+    assert loaded.hf_tokenizer("hello")["input_ids"] == base.hf_tokenizer("hello")["input_ids"]
+    with pytest.raises(ConfigError, match="checkpoint already exists"):
+        save_policy(model, base.hf_tokenizer, folder)
