@@ -1,5 +1,5 @@
 """What an ablation shows, in words computed from its numbers: arms that cannot complete, the quality-vs-tokens
-frontier, and the findings that open `report.md`.
+frontier, arms that showed the policy identical contexts, and the findings that open `report.md`.
 
 An arm *cannot complete* when more than `CUT_SHORT_SHARE` of its episodes end `truncated` (a limit cut them:
 the context budget or window, the generation limit, steps, wall time, a harness error). Its episodes stop
@@ -138,11 +138,19 @@ def _cost_claims(summary: Mapping[str, Any], arm: str) -> list[str]:
     return claims
 
 
+def same_contexts_note(pair: Mapping[str, Any]) -> str:
+    """The finding for two arms that showed the policy identical contexts (a `SameContexts` as a dict)."""
+    return (f"- `{pair['first']}` and `{pair['second']}` showed the policy identical contexts at every decision "
+            f"({pair['episodes']} of {pair['episodes']} shared episodes, {pair['decisions']} decisions, equal context "
+            "hashes): here they are one context policy, and their difference measures nothing between them.")
+
+
 def findings(summary: Mapping[str, Any]) -> list[str]:
     """The `## Findings` section (markdown lines) that opens the report: per arm against the baseline, the
     quality, completion and violation differences whose interval excludes zero (overall, and per task where a
     task's differs from the overall one), the cost differences of arms that complete (savings), and the arms
-    that cannot complete; then the frontier."""
+    that cannot complete; arms that showed identical contexts (`summary["same_contexts"]`, when given); then the
+    frontier."""
     arms, per, base = summary["arms"], summary["per_arm"], summary["baseline"]
     if not arms:
         return ["## Findings", "", "No episodes.", ""]
@@ -170,6 +178,7 @@ def findings(summary: Mapping[str, Any]) -> list[str]:
                    "frontier in the plot): " + ", ".join(f"`{a}`" for a in flagged) + ".")
     else:
         out.append("- Every arm completes (no arm has a majority of truncated episodes).")
+    out += [same_contexts_note(p) for p in summary.get("same_contexts", ())]
     front = frontier(summary)
     if front:
         out.append("- Quality-vs-tokens frontier among arms that complete, fewest tokens first: "

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections import defaultdict
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -28,6 +29,7 @@ from ctxkit.errors import ConfigError
 from ctxkit.experiment.findings import (COST_LABELS, completion_note, cut_short, findings, fmt_ci, fmt_number,
                                         frontier, savings_comparable)
 from ctxkit.experiment.run_folder import read_rows, read_run_info
+from ctxkit.experiment.same_contexts import decision_trace, same_context_pairs
 from ctxkit.experiment.stats import paired_bootstrap, quantiles, rate, stage_bound
 
 __all__ = ["summarize", "render_markdown", "valid_call_rate", "markdown_table", "write_report", "plot", "quality_figure", "latency_figure",
@@ -411,6 +413,7 @@ def write_report(run_dir: str | Path) -> Path:
         n_resamples=int(report_cfg.get("bootstrap_resamples", 2000)), seed=int(report_cfg.get("bootstrap_seed", 0)),
         confidence=float(report_cfg.get("confidence", 0.95)),
     )
+    summary["same_contexts"] = [asdict(p) for p in same_context_pairs(decision_traces(run, rows, summary["arms"]))]
     title = f"ctxkit ablation: {info.get('name', run.name)}"
     notes = []
     if info:
@@ -439,6 +442,18 @@ def write_report(run_dir: str | Path) -> Path:
         for tmp in temps:
             tmp.unlink(missing_ok=True)
     return targets[0]
+
+
+def decision_traces(run: Path, rows: Sequence[Mapping[str, Any]],
+                    arms: Sequence[str]) -> dict[str, dict[tuple[str, int], tuple[str, ...]]]:
+    """Per arm, (task, seed) -> the context hashes of the episode's decisions, read from the logs the rows name;
+    an episode whose log is not in the folder is left out (its arm is then compared on no episode it lacks)."""
+    traces: dict[str, dict[tuple[str, int], tuple[str, ...]]] = {arm: {} for arm in arms}
+    for row in rows:
+        path = run / str(row.get("log", ""))
+        if row.get("arm") in traces and row.get("log") and path.is_file():
+            traces[row["arm"]][(row["task"], row["seed"])] = decision_trace(path)
+    return traces
 
 
 def _save_plots(summary: Mapping[str, Any], paths: Sequence[Path]) -> None:

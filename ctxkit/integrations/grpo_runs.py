@@ -8,7 +8,10 @@ Each run trains its own copy of the config's policy with `run_grpo` into `DIR/<r
   wall second, mean policy-version lag and data age;
 - at equal wall time: T is the shortest run's total wall time; each run is read up to T (the iterations that
   ended by then), so a faster schedule shows more updates and more data in the same time, and the mean reward
-  of the batches it trained by T.
+  of the batches it trained by T;
+- runs that showed the policy identical contexts at every decision of every episode they share (same step folder
+  and episode file; `ctxkit.experiment.same_contexts`): their difference measures nothing between their context
+  policies.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ctxkit.errors import ConfigError
+from ctxkit.experiment.same_contexts import SameContexts, decision_trace, same_context_pairs
 from ctxkit.integrations.grpo_config import GrpoConfig
 from ctxkit.text.tokenizer.loader import load_tokenizer
 
@@ -135,15 +139,23 @@ def write_report(config: GrpoConfig, out_dir: str | Path) -> tuple[list[RunSumma
     whole = [summarize_run(r.name, r.spec.mode, _context(r.spec), logs[r.name]) for r in config.runs]
     cut = min(s.until_s for s in whole)
     equal = [summarize_run(r.name, r.spec.mode, _context(r.spec), logs[r.name], until_s=cut) for r in config.runs]
+    same = same_context_pairs({r.name: run_traces(out / r.name) for r in config.runs})
     (out / "grpo.json").write_text(json.dumps({"config": config.path, "name": config.name, "model": config.model,
                                                "equal_wall_time_s": cut, "runs": [asdict(s) for s in whole],
-                                               "at_equal_wall_time": [asdict(s) for s in equal]}, indent=2) + "\n")
-    (out / "report.md").write_text(_markdown(config, whole, equal, cut))
+                                               "at_equal_wall_time": [asdict(s) for s in equal],
+                                               "same_contexts": [asdict(p) for p in same]}, indent=2) + "\n")
+    (out / "report.md").write_text(_markdown(config, whole, equal, cut, same))
     _plot(logs, out / "grpo.png")
     return whole, equal
 
 
-def _markdown(config: GrpoConfig, whole: Sequence[RunSummary], equal: Sequence[RunSummary], cut: float) -> str:
+def run_traces(folder: Path) -> dict[str, tuple[str, ...]]:
+    """A run folder's episodes (`stepNNNN/<episode>.jsonl`, relative) -> the context hashes of their decisions."""
+    return {p.relative_to(folder).as_posix(): decision_trace(p) for p in sorted(folder.glob("step*/*.jsonl"))}
+
+
+def _markdown(config: GrpoConfig, whole: Sequence[RunSummary], equal: Sequence[RunSummary], cut: float,
+              same: Sequence[SameContexts] = ()) -> str:
     head = ("| run | context | mode | iterations | wall s | reward first | reward last | reward mean | samples/episode "
             "| gen tok/s | loss tok/s | lag | data age s |\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 
@@ -155,7 +167,16 @@ def _markdown(config: GrpoConfig, whole: Sequence[RunSummary], equal: Sequence[R
 
     return (f"# GRPO under compression: {config.name}\n\nConfig `{config.path}`, policy `{config.model or 'default'}`, "
             f"held-out seeds {list(config.eval_seeds)} (not trained on).\n\n## Whole runs\n\n{head}{rows(whole)}\n"
-            f"## At equal wall time ({cut:.0f} s, the shortest run)\n\n{head}{rows(equal)}")
+            f"## At equal wall time ({cut:.0f} s, the shortest run)\n\n{head}{rows(equal)}" + _same_section(same))
+
+
+def _same_section(same: Sequence[SameContexts]) -> str:
+    if not same:
+        return ""
+    lines = "".join(f"- `{p.first}` and `{p.second}`: identical contexts at every decision ({p.episodes} of "
+                    f"{p.episodes} shared episodes, {p.decisions} decisions, equal context hashes)\n" for p in same)
+    return ("\n## Runs that showed the policy the same contexts\n\nHere these context policies built the same "
+            f"tokens, so their difference measures nothing between them:\n\n{lines}")
 
 
 def _num(value: float | None) -> str:

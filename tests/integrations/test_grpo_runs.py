@@ -8,6 +8,7 @@ import json
 import pytest
 
 from conftest import REPO_ROOT, require_module, tokenizer_dir
+from step_logs import write_step_log as write_log
 from ctxkit.errors import ConfigError
 from ctxkit.integrations.grpo_config import load_grpo_config
 from ctxkit.integrations.grpo_runs import read_grpo_log, summarize_run, write_report
@@ -139,6 +140,27 @@ def test_the_report_compares_runs_at_the_shortest_runs_wall_time(tmp_path):
     assert "## At equal wall time (20 s, the shortest run)" in report and "| window-off | window+pins | one-step-off | 3 |" in report
     assert json.loads((tmp_path / "grpo.json").read_text())["equal_wall_time_s"] == 20.0
     assert (tmp_path / "grpo.png").stat().st_size > 1000
+
+
+def test_the_report_names_runs_that_showed_the_policy_the_same_contexts(tmp_path):
+    require_module("matplotlib")
+
+    config = load_grpo_config(write_config(tmp_path))
+    for name in ("window-sync", "window-off"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "grpo_log.jsonl").write_text(json.dumps(row(0.5, 10.0)) + "\n")
+        write_log(tmp_path / name / "step0000" / "needle-recall-200-0.jsonl", ["h1", "h2"])
+        write_log(tmp_path / name / "step0000" / "needle-recall-200-1.jsonl", ["h1", "h3", "h4"])
+    write_report(config, tmp_path)
+    report = (tmp_path / "report.md").read_text()
+    assert ("## Runs that showed the policy the same contexts" in report and "- `window-sync` and `window-off`: "
+            "identical contexts at every decision (2 of 2 shared episodes, 5 decisions, equal context hashes)" in report)
+    assert json.loads((tmp_path / "grpo.json").read_text())["same_contexts"] == [
+        {"first": "window-sync", "second": "window-off", "episodes": 2, "decisions": 5}]
+    write_log(tmp_path / "window-off" / "step0001" / "needle-recall-201-0.jsonl", ["h5"])  # an episode one run lacks
+    write_report(config, tmp_path)
+    assert "same contexts" not in (tmp_path / "report.md").read_text()
+    assert json.loads((tmp_path / "grpo.json").read_text())["same_contexts"] == []
 
 
 def test_a_damaged_log_line_is_named(tmp_path):
