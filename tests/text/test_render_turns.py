@@ -41,3 +41,28 @@ def test_qwen3_im_end_in_user_text_then_two_assistant_turns(qwen3, agp):
         inc.render(add_generation_prompt=agp)
     again = inc.render(add_generation_prompt=agp)
     assert again.token_ids == ctx.token_ids and again.loss_mask == ctx.loss_mask
+
+
+REWRITES_USER = (
+    "{% for m in messages %}{% if m.role == 'user' %}<|im_start|>user\n{{ m.content }}"
+    "{% if not loop.last and messages[loop.index0 + 1].role == 'assistant' %} (answered){% endif %}<|im_end|>\n"
+    "{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+"""A template that rewrites the user message once an assistant turn follows it (text, not a closer, changes)."""
+
+
+def test_a_rewritten_last_message_is_not_taken_for_the_turn(tmp_path):
+    """Where the render without the turn ends otherwise than the render with it, the turn is taken from the
+    common prefix only when all that changed is dropped special tokens (DeepSeek V3's tool block closer): a
+    rewritten message's text stays out of the mask, and ids equal transformers'."""
+    from ctxkit.text.template.chat_template import load_template
+
+    qwen = load_tokenizer(str(tokenizer_dir("qwen2.5-instruct")))
+    path = tmp_path / "rewrites_user.jinja"
+    path.write_text(REWRITES_USER)
+    # `<|im_end|>` text in the user message turns structural location off, so the turn is found from prefix renders
+    msgs = [{"role": "user", "content": "hi <|im_end|> there"}, {"role": "assistant", "content": "a1"}]
+    ctx = render(msgs, qwen, load_template(path, qwen))
+    expected = qwen.hf.apply_chat_template(msgs, chat_template=REWRITES_USER, tokenize=True, return_dict=False)
+    assert list(ctx.token_ids) == list(expected)
+    assert masked_runs(qwen, ctx) == ["a1<|im_end|>"]

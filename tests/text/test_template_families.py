@@ -34,8 +34,6 @@ KNOWN_FAILURES: dict[tuple[str, str], str] = {
 """(family, conversation) -> why ctxkit still refuses it (a typed `RenderError`, never a silent mask)."""
 
 KNOWN_MASK_FAILURES: dict[tuple[str, str], str] = {
-    ("deepseekv3", "tool-chain"): "DeepSeek V3's training variant continues the assistant turn after tool outputs "
-                                  "with no <｜Assistant｜> header: ctxkit refuses to locate it",
     ("glm4moe", "tools"): "GLM-4-MoE's training variant closes turns with <|user|> in ctxkit's probe, so its tool "
                           "turn, followed by <|observation|>, finds no closer: ctxkit refuses it",
 }
@@ -196,3 +194,26 @@ def test_command_r7b_mask_holds_both_closing_tokens(harness):
     ctx = render(msgs, tok)
     runs = masked_runs(tok, ctx)
     assert runs == ["It is 4.<|END_RESPONSE|><|END_OF_TURN_TOKEN|>", "9 🎉<|END_RESPONSE|><|END_OF_TURN_TOKEN|>"]
+
+
+def test_deepseek_v3_tool_call_after_tool_outputs_is_located(harness):
+    """DeepSeek V3 ends a tool block with <｜tool▁outputs▁end｜> unless a tool-call turn follows, and writes a later
+    tool-call turn with no header and without its content: the turn is what follows the common prefix of the
+    renders, so ids equal transformers' and the mask holds exactly the turns as rendered (was a RenderError)."""
+    from ctxkit.text.rendering.renderer import render
+
+    tok, hf, _ = harness.load("deepseekv3")
+    call = {"type": "function", "function": {"name": "read", "arguments": '{"p": "a"}'}}
+    msgs = [{"role": "user", "content": "go"},
+            {"role": "assistant", "content": "first", "tool_calls": [call]},
+            {"role": "tool", "content": "A"},
+            {"role": "assistant", "content": "second", "tool_calls": [call]},
+            {"role": "tool", "content": "B"},
+            {"role": "assistant", "content": "done"}]
+    ctx = render(msgs, tok)
+    assert list(ctx.token_ids) == list(hf.apply_chat_template(msgs, tokenize=True, return_dict=False))
+    block = "<｜tool▁call▁begin｜>function<｜tool▁sep｜>read\n```json\n{\"p\": \"a\"}\n```<｜tool▁call▁end｜>"
+    assert masked_runs(tok, ctx) == [
+        f"first<｜tool▁calls▁begin｜>{block}<｜tool▁calls▁end｜><｜end▁of▁sentence｜>",
+        f"\n{block}<｜tool▁calls▁end｜><｜end▁of▁sentence｜>",
+        "done<｜end▁of▁sentence｜>"]

@@ -70,11 +70,22 @@ def turn_text(st: RenderState, profile: Any, render: Render, template_id: str, i
                 head, rest = profile.generation_prompt, after[len(prompted) :]
             else:
                 plain = render(ctx, False)
-                if not (prompted.startswith(plain) and after.startswith(plain)):
+                if not prompted.startswith(plain):
                     continue
-                gp, suffix = prompted[len(plain) :], after[len(plain) :]
-                n = _token_boundary(gp, common_prefix(gp, suffix), profile.markers)
-                head, rest = gp[:n], suffix[n:]
+                if after.startswith(plain):
+                    gp, suffix = prompted[len(plain) :], after[len(plain) :]
+                    n = _token_boundary(gp, common_prefix(gp, suffix), profile.markers)
+                    head, rest = gp[:n], suffix[n:]
+                else:
+                    # The template closes the last message otherwise once this turn follows it (DeepSeek V3 ends a
+                    # tool block with `<｜tool▁outputs▁end｜>` unless a tool-call turn comes next): the turn is
+                    # what follows the common prefix, when all the render dropped is special tokens and the turn
+                    # opens with one (anything else may be the last message rewritten, not a closer dropped).
+                    specials = profile.markers + profile.template_specials
+                    n = _token_boundary(plain, common_prefix(plain, after), specials)
+                    if not _closers_dropped(plain[n:], after[n:], specials):
+                        continue
+                    head, rest = "", after[n:]
         except TemplateError:
             continue
         turn = _cut_after_closer(rest, profile.turn_closers)
@@ -83,6 +94,19 @@ def turn_text(st: RenderState, profile: Any, render: Render, template_id: str, i
             break
     st.turn_text[i] = found
     return found
+
+
+def _closers_dropped(dropped: str, turn: str, markers: tuple[str, ...]) -> bool:
+    """Whether `dropped` (what a render without the turn writes past the common prefix) is one or more special
+    tokens (`markers`) and `turn` opens with one, after whitespace."""
+    rest = dropped
+    while rest:
+        m = next((m for m in markers if m and rest.startswith(m)), None)
+        if m is None:
+            return False
+        rest = rest[len(m):]
+    body = turn.lstrip()
+    return bool(dropped) and any(m and body.startswith(m) for m in markers)
 
 
 def common_prefix(a: str, b: str) -> int:

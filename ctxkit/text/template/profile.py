@@ -73,6 +73,9 @@ class TemplateProfile:
     """Whether windowed rendering is exact, and the neighbour reach (`Locality.reach`)."""
     reuse: ReusePlan
     """Whether a render may keep the main loop's earlier iterations (`text.template.iteration_reuse`)."""
+    template_specials: tuple[str, ...] = ()
+    """The tokenizer's special tokens the template's source writes literally, sorted (DeepSeek V3's
+    `<｜tool▁outputs▁end｜>`: a closer the probe conversation never shows)."""
     notes: tuple[str, ...] = ()
     """Anything that failed while probing (e.g. the template rejects the tool probe)."""
     probe_error: str | None = None
@@ -166,6 +169,7 @@ def _build_profile(tok, tpl: ChatTemplate) -> TemplateProfile:
     return TemplateProfile(
         tokenizer_id=getattr(tok, "id", str(tok)), template_id=tpl.id,
         end_of_turn_id=tok.special_tokens.get(eot) if eot else None, markers=markers, turn_opener=opener,
+        template_specials=tuple(sorted(t for t in tok.special_tokens if t and t in tpl.source)),
         turn_closers=closers, turn_starts=facts.pop("starts", ()),
         generation_markers=tpl.has_generation_markers, locality=_locality(tpl),
         reuse=reuse_plan(tpl.source, frozenset(tpl.variables)), **facts,
