@@ -162,6 +162,25 @@ def test_the_trained_policy_ablation_is_the_evaluated_policy_under_every_compres
     assert grid.baseline == "keep-all" and grid.limits == ev.limits
 
 
+def test_the_whole_grid_and_its_reference_are_the_48_step_ablation_on_four_held_out_tasks():
+    """lm_ablation_grid_48.toml: the 48-step ablation's arms, policy and limits on >= 8 held-out seeds x the four
+    tasks at their evaluated sizes; lm_ablation_grid_48_reference.toml: the same grid with keep-all at a budget
+    it never runs out of, against the grid's window arms unchanged (so their episodes can be compared)."""
+    tokenizer_dir("smollm2-135m-instruct")
+    pilot = load_config(REPO / "experiments" / "lm_ablation_at_budget_48.toml")
+    grid = load_config(REPO / "experiments" / "lm_ablation_grid_48.toml")
+    ref = load_config(REPO / "experiments" / "lm_ablation_grid_48_reference.toml")
+    train = load_config(REPO / "experiments" / "sft_collect_at_budget.toml")
+    evaluated = {t.name: t.params for t in load_config(REPO / "experiments" / "sft_eval.toml").tasks}
+    validate(grid), validate(ref)
+    assert (grid.arms, grid.agents, grid.limits, grid.template) == (pilot.arms, pilot.agents, pilot.limits, pilot.template)
+    assert len(grid.seeds) >= 8 and not set(grid.seeds) & set(train.seeds)
+    assert {t.name: t.params for t in grid.tasks} == evaluated and len(evaluated) == 4
+    assert (ref.seeds, ref.tasks, ref.agents, ref.template) == (grid.seeds, grid.tasks, grid.agents, grid.template)
+    assert ref.arms == (dataclasses.replace(grid.arms[0], budget=6144), *grid.arms[1:4])
+    assert ref.limits == dataclasses.replace(grid.limits, max_context=6144, wall_time_s=900.0)
+
+
 def test_the_expert_data_at_budget_is_the_collection_under_the_ablation_compressors():
     """sft_collect_at_budget.toml: the tasks and seeds of sft_collect.toml, keep-all at the ablation's uncut
     budget, and the ablation's pinned compressors (same params) at its compressed budget."""
