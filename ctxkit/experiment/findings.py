@@ -18,7 +18,7 @@ from typing import Any, Mapping, Sequence
 from ctxkit.experiment.stats import BootstrapCI
 
 __all__ = ["CUT_SHORT_SHARE", "COST_LABELS", "OUTCOME_LABELS", "fmt_number", "fmt_ci", "cut_short", "cannot_complete",
-           "completion_note", "savings_comparable", "frontier", "findings"]
+           "completion_note", "baseline_cut_note", "savings_comparable", "frontier", "findings"]
 
 CUT_SHORT_SHARE = 0.5
 """An arm whose share of `truncated` episodes is above this (a strict majority) cannot complete."""
@@ -80,6 +80,18 @@ def completion_note(entry: Mapping[str, Any]) -> str:
         return ""
     causes = ", ".join(f"{k}: {v}" for k, v in c["causes"].items())
     return f"cannot complete: {c['truncated']}/{c['episodes']} episodes truncated ({causes}); fewer tokens are not a saving"
+
+
+def baseline_cut_note(base: str, entry: Mapping[str, Any]) -> str:
+    """The finding for a baseline that some limit cut short without it being unable to complete (a minority of
+    its episodes truncated): empty when none was. A reference every episode completes under has none."""
+    c = entry["cut_short"]
+    if not c["truncated"] or c["cannot_complete"]:
+        return ""
+    causes = ", ".join(f"{k}: {v}" for k, v in c["causes"].items())
+    return (f"- The baseline `{base}` was cut short on {c['truncated']}/{c['episodes']} episodes ({causes}): it is "
+            "not a reference every episode completes under, so a gain against it can be its own failure (give it a "
+            "budget and limits at which it finishes to compare against no compression).")
 
 
 def savings_comparable(summary: Mapping[str, Any], arm: str) -> bool:
@@ -149,7 +161,7 @@ def findings(summary: Mapping[str, Any]) -> list[str]:
     """The `## Findings` section (markdown lines) that opens the report: per arm against the baseline, the
     quality, completion and violation differences whose interval excludes zero (overall, and per task where a
     task's differs from the overall one), the cost differences of arms that complete (savings), and the arms
-    that cannot complete; arms that showed identical contexts (`summary["same_contexts"]`, when given); then the
+    that cannot complete (or, for a baseline, any it did not finish); arms that showed identical contexts (`summary["same_contexts"]`, when given); then the
     frontier."""
     arms, per, base = summary["arms"], summary["per_arm"], summary["baseline"]
     if not arms:
@@ -162,6 +174,8 @@ def findings(summary: Mapping[str, Any]) -> list[str]:
     if base in flagged:
         out.append(f"- The baseline `{base}` {completion_note(per[base])}: no cost difference against it is a "
                    "saving, so none is claimed.")
+    elif note := baseline_cut_note(base, per[base]):
+        out.append(note)
     for arm in arms:
         if arm == base:
             continue

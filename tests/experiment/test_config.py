@@ -181,6 +181,28 @@ def test_the_whole_grid_and_its_reference_are_the_48_step_ablation_on_four_held_
     assert ref.limits == dataclasses.replace(grid.limits, max_context=6144, wall_time_s=900.0)
 
 
+def test_the_grpo_evaluation_is_the_grid_window_arm_for_the_sft_and_the_grpo_policy_on_held_out_seeds():
+    """grpo_eval_48.toml: the whole grid's `window` arm (same agent, seeds, tasks, limits) as `sft`, and the
+    same arm for the policy `grpo_at_budget_48_window.toml` trains, sampled alike, on seeds neither trained on."""
+    from ctxkit.integrations.grpo_config import load_grpo_config
+
+    tokenizer_dir("smollm2-135m-instruct")
+    grid = load_config(REPO / "experiments" / "lm_ablation_grid_48.toml")
+    ev = load_config(REPO / "experiments" / "grpo_eval_48.toml")
+    grpo = load_grpo_config(REPO / "experiments" / "grpo_at_budget_48_window.toml")
+    validate(ev)
+    assert (ev.seeds, ev.tasks, ev.limits, ev.template, ev.baseline) == (grid.seeds, grid.tasks, grid.limits,
+                                                                         grid.template, "sft")
+    window = next(a for a in grid.arms if a.name == "window")
+    assert ev.arms == (dataclasses.replace(window, name="sft"), dataclasses.replace(window, name="grpo", agent="grpo"))
+    assert ev.agent("sft") == grid.agent("sft")
+    (run,) = grpo.runs
+    expected = {**ev.agent("sft").params, "model_path": f"runs/grpo_at_budget_48_window/{run.name}/checkpoint"}
+    assert ev.agent("grpo").params == expected
+    assert (run.spec.compressor, run.spec.pins, run.spec.budget) == (window.compressor, window.pins, window.budget)
+    assert not set(ev.seeds) & (set(run.spec.seeds) | set(range(100, 106)))
+
+
 def test_the_expert_data_at_budget_is_the_collection_under_the_ablation_compressors():
     """sft_collect_at_budget.toml: the tasks and seeds of sft_collect.toml, keep-all at the ablation's uncut
     budget, and the ablation's pinned compressors (same params) at its compressed budget."""

@@ -216,6 +216,27 @@ def test_a_baseline_that_cannot_complete_voids_every_saving():
     assert "saves" not in text and "more prompt tokens" not in text
 
 
+def test_a_baseline_cut_short_on_a_minority_is_named_as_a_weak_reference():
+    cut = [_row("k", "t", 0, quality=0.0, tokens=900, wall=1.0, cause="context_budget", outcome="truncated"),
+           _row("k", "t", 1, quality=0.0, tokens=800, wall=1.0, cause="max_new_tokens", outcome="truncated"),
+           _row("k", "t", 2, quality=1.0, tokens=1000, wall=1.0)]
+    rows = cut + [_row("w", "t", seed, quality=1.0, tokens=500, wall=1.0) for seed in range(3)]
+    lines = render_markdown(summarize(rows, baseline="k", n_resamples=100), title="T").splitlines()
+    note = ("- The baseline `k` was cut short on 2/3 episodes (context_budget: 1, max_new_tokens: 1): it is not a "
+            "reference every episode completes under, so a gain against it can be its own failure (give it a budget "
+            "and limits at which it finishes to compare against no compression).")
+    assert note not in lines  # 2 of 3 is a majority: the baseline cannot complete, which voids every saving
+    assert any(line.startswith("- The baseline `k` cannot complete: 2/3 episodes truncated") for line in lines)
+    lines = render_markdown(summarize(cut[1:] + rows[3:], baseline="k", n_resamples=100), title="T").splitlines()
+    assert ("- The baseline `k` was cut short on 1/2 episodes (max_new_tokens: 1): it is not a reference every "
+            "episode completes under, so a gain against it can be its own failure (give it a budget and limits at "
+            "which it finishes to compare against no compression).") in lines
+    assert lines.index("## Findings") < lines.index(next(line for line in lines if line.startswith("- The baseline")))
+    clean = [_row(a, "t", seed, quality=1.0, tokens=1000, wall=1.0) for a in ("k", "w") for seed in range(3)]
+    assert not any(line.startswith("- The baseline") for line in
+                   render_markdown(summarize(clean, baseline="k", n_resamples=100), title="T").splitlines())
+
+
 def test_cut_short_needs_a_strict_majority():
     from ctxkit.experiment.findings import cut_short
 

@@ -91,7 +91,6 @@ def test_the_shipped_config_loads_with_held_out_seeds_apart():
     assert [r.spec.mode for r in config.runs] == ["sync", "sync", "one-step-off"]
 
 
-
 def test_the_at_budget_config_is_grpo_toml_from_the_48_step_policy_at_its_budget():
     """grpo_at_budget_48.toml: grpo.toml's runs, seeds and fields, with only the policy (the 48-step checkpoint
     trained on expert data at 1,024 tokens) and the budget (that 1,024) changed."""
@@ -105,6 +104,15 @@ def test_the_at_budget_config_is_grpo_toml_from_the_48_step_policy_at_its_budget
                                                                              first.threads)
     assert [r.name for r in at_budget.runs] == [r.name for r in first.runs]
     assert [r.spec for r in at_budget.runs] == [dataclasses.replace(r.spec, budget=1024) for r in first.runs]
+
+def test_the_window_config_is_the_first_run_of_the_48_step_config_alone():
+    tokenizer_dir("smollm2-135m-instruct")
+    full = load_grpo_config(REPO_ROOT / "experiments" / "grpo_at_budget_48.toml")
+    alone = load_grpo_config(REPO_ROOT / "experiments" / "grpo_at_budget_48_window.toml")
+    assert (alone.model, alone.tokenizer, alone.eval_seeds, alone.threads) == (full.model, full.tokenizer,
+                                                                              full.eval_seeds, full.threads)
+    assert alone.runs == full.runs[:1] and alone.runs[0].name == "window-sync"
+
 
 def row(reward, wall, lag=0, generated=100, generate_s=10.0, loss_tokens=50, samples=4, discarded=0, age=0.0):
     return {"mean_reward": reward, "wall_s": wall, "episodes": 4, "discarded": discarded, "samples": samples,
