@@ -73,13 +73,17 @@ def cannot_complete(summary: Mapping[str, Any]) -> list[str]:
     return [a for a in summary["arms"] if summary["per_arm"][a]["cut_short"]["cannot_complete"]]
 
 
+def _causes(cut: Mapping[str, Any]) -> str:
+    """A `cut_short` result's truncation causes as `cause: count, ...`."""
+    return ", ".join(f"{k}: {v}" for k, v in cut["causes"].items())
+
+
 def completion_note(entry: Mapping[str, Any]) -> str:
     """The Arms table's note for one arm (`summary["per_arm"][arm]`): empty unless it cannot complete."""
     c = entry["cut_short"]
     if not c["cannot_complete"]:
         return ""
-    causes = ", ".join(f"{k}: {v}" for k, v in c["causes"].items())
-    return f"cannot complete: {c['truncated']}/{c['episodes']} episodes truncated ({causes}); fewer tokens are not a saving"
+    return f"cannot complete: {c['truncated']}/{c['episodes']} episodes truncated ({_causes(c)}); fewer tokens are not a saving"
 
 
 def baseline_cut_note(base: str, entry: Mapping[str, Any]) -> str:
@@ -88,8 +92,7 @@ def baseline_cut_note(base: str, entry: Mapping[str, Any]) -> str:
     c = entry["cut_short"]
     if not c["truncated"] or c["cannot_complete"]:
         return ""
-    causes = ", ".join(f"{k}: {v}" for k, v in c["causes"].items())
-    return (f"- The baseline `{base}` was cut short on {c['truncated']}/{c['episodes']} episodes ({causes}): it is "
+    return (f"- The baseline `{base}` was cut short on {c['truncated']}/{c['episodes']} episodes ({_causes(c)}): it is "
             "not a reference every episode completes under, so a gain against it can be its own failure (give it a "
             "budget and limits at which it finishes to compare against no compression).")
 
@@ -161,8 +164,8 @@ def findings(summary: Mapping[str, Any]) -> list[str]:
     """The `## Findings` section (markdown lines) that opens the report: per arm against the baseline, the
     quality, completion and violation differences whose interval excludes zero (overall, and per task where a
     task's differs from the overall one), the cost differences of arms that complete (savings), and the arms
-    that cannot complete (or, for a baseline, any it did not finish); arms that showed identical contexts (`summary["same_contexts"]`, when given); then the
-    frontier."""
+    that cannot complete (for the baseline, also any episode it did not finish); arms that showed identical
+    contexts (`summary["same_contexts"]`, when given); then the frontier."""
     arms, per, base = summary["arms"], summary["per_arm"], summary["baseline"]
     if not arms:
         return ["## Findings", "", "No episodes.", ""]
