@@ -22,21 +22,10 @@ try:
 except ConfigError:  # trl not installed: test_every_stock_template_has_an_entry says so
     SHIPPED = []
 
-_GEMMA4_IN_TURN = "Gemma 4 writes tool responses inside the model turn: ctxkit refuses rather than mask them"
-_GEMMA4_TAIL = "Gemma 4 continues the model turn after tool responses with no header: the turn is not located"
-KNOWN_FAILURES: dict[tuple[str, str], str] = {
-    ("diffusion_gemma", "tools"): _GEMMA4_TAIL, ("diffusion_gemma", "tool-chain"): _GEMMA4_IN_TURN,
-    ("gemma4", "tools"): _GEMMA4_IN_TURN, ("gemma4", "tool-chain"): _GEMMA4_IN_TURN,
-    ("gemma4_v3", "tools"): _GEMMA4_IN_TURN, ("gemma4_v3", "tool-chain"): _GEMMA4_IN_TURN,
-    ("gemma4_v4", "tools"): _GEMMA4_IN_TURN, ("gemma4_v4", "tool-chain"): _GEMMA4_IN_TURN,
-    ("gemma4_v5", "tools"): _GEMMA4_IN_TURN, ("gemma4_v5", "tool-chain"): _GEMMA4_IN_TURN,
-}
+KNOWN_FAILURES: dict[tuple[str, str], str] = {}
 """(family, conversation) -> why ctxkit still refuses it (a typed `RenderError`, never a silent mask)."""
 
-KNOWN_MASK_FAILURES: dict[tuple[str, str], str] = {
-    ("glm4moe", "tools"): "GLM-4-MoE's training variant closes turns with <|user|> in ctxkit's probe, so its tool "
-                          "turn, followed by <|observation|>, finds no closer: ctxkit refuses it",
-}
+KNOWN_MASK_FAILURES: dict[tuple[str, str], str] = {}
 """(family, conversation) -> why ctxkit refuses the `_training` variant's render (pinned: a fix flips the test)."""
 
 _TRL_HEADER = "TRL marks the generation prompt's tokens, which the policy never samples"
@@ -45,7 +34,11 @@ _TRL_THINK = "the training variant prefills <think> in the prompt but marks it i
 MASK_DIFFS: dict[str, tuple[frozenset, str]] = {
     "deepseek_r1_distill": (frozenset({("<｜Assistant｜>", "trl"), ("<｜tool▁outputs▁end｜>", "trl")}), _TRL_HEADER),
     "deepseekv3": (frozenset({("<｜Assistant｜>", "trl"), ("<｜tool▁outputs▁end｜>", "trl")}), _TRL_HEADER),
-    "diffusion_gemma": (frozenset({("\n", "trl")}), _TRL_NEWLINE),
+    "diffusion_gemma": (frozenset({("\n", "trl"), ("Let", "trl"), (" me", "trl"), (" look", "trl"), (".", "trl"),
+                                   ("<|tool_response>", "ctxkit")}),
+                        f"{_TRL_NEWLINE}; TRL marks a tool-call turn's content, which the template writes after the tool "
+                        "responses, where it was never sampled, and not the <|tool_response> that ends the calls as "
+                        "the turn is rendered last"),
     "gemma3": (frozenset({("\n", "trl")}), _TRL_NEWLINE),
     "gptoss": (frozenset({("<|start|>", "trl"), ("assistant", "trl")}), _TRL_HEADER),
     "idefics3": (frozenset({("\n", "trl")}), _TRL_NEWLINE),
@@ -146,14 +139,55 @@ def test_gptoss_closes_turns_with_return_end_and_call(harness):
     assert set(profile.turn_closers) == {"<|return|>", "<|end|>", "<|call|>"}
 
 
-def test_tool_result_inside_the_model_turn_is_refused(harness):
-    """Gemma 4 renders tool responses inside the model turn: a typed refusal, never a mask over tool output."""
+_G4_CALLS = '<|tool_call>call:read_file{path:<|"|>a.txt<|"|>}<tool_call|><|tool_call>call:read_file{path:<|"|>b.txt<|"|>}<tool_call|>'
+_G4_MAKE = '<|tool_call>call:run_shell{cmd:<|"|>make<|"|>}<tool_call|>'
+_G4_READ = '<|channel>thought\nRead the file.\n<channel|><|tool_call>call:read_file{path:<|"|>main.c<|"|>}<tool_call|>'
+
+
+@pytest.mark.parametrize("family", ["gemma4", "gemma4_v5", "diffusion_gemma"])
+def test_gemma4_tool_responses_inside_the_model_turn_are_left_out_of_the_mask(harness, family):
+    """Gemma 4 writes tool responses inside the model turn, after the calls: a tool-call turn rendered last ends
+    with `<|tool_response>`, which is its closer (the model stops there), so the mask holds the calls and that
+    token and none of the response; the reply after the responses is masked as rendered (v5 drops its
+    reasoning there). The content of a turn with calls ("Let me look.") is written after the responses in
+    history, where no turn of it was sampled: it stays unmasked (the template rewrote the turn)."""
     from ctxkit.text.rendering.renderer import render
 
-    tok, _, _ = harness.load("gemma4")
-    msgs, tools = family_conversations(family_spec("gemma4"))["tool-chain"]
-    with pytest.raises(RenderError, match=r"message 3 \(tool\): .* renders the tool result inside assistant turn 2"):
-        render(msgs, tok, tools=tools)
+    tok, hf, _ = harness.load(family)
+    masked = {}
+    for conversation in ("tools", "tool-chain"):
+        msgs, tools = family_conversations(family_spec(family))[conversation]
+        ctx = render(msgs, tok, tools=tools)
+        assert list(ctx.token_ids) == list(hf.apply_chat_template(msgs, tools=tools, tokenize=True, return_dict=False))
+        masked[conversation] = masked_runs(tok, ctx)
+    assert masked["tools"] == [_G4_CALLS + "<|tool_response>", "a.txt says alpha; b.txt is missing.<turn|>"]
+    assert masked["tool-chain"] == [_G4_MAKE + "<|tool_response>", _G4_READ + "<|tool_response>"]
+
+
+def test_tool_result_inside_a_turn_with_no_closer_is_refused(harness, tmp_path):
+    """Fault injection: a template that writes a tool result inside the assistant's turn with no token closing
+    the calls, and closes a tool-call turn only when it is the last message: the turn cannot be told apart from
+    the result, so ctxkit refuses with a typed error naming the message, never a mask over tool output."""
+    from ctxkit.text.rendering.renderer import render
+    from ctxkit.text.template.chat_template import load_template
+    from ctxkit.text.tokenizer.loader import load_tokenizer
+
+    path = tmp_path / "in_turn.jinja"
+    path.write_text(
+        "{%- for m in messages -%}{%- if m.role == 'assistant' -%}"
+        "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' -%}<|im_start|>assistant\n{% endif -%}"
+        "{{ m.content }}{%- if m.tool_calls -%}{%- for c in m.tool_calls %} CALL {{ c.function.name }}{%- endfor -%}"
+        "{%- if loop.last -%}<|im_end|>{%- endif -%}{%- else -%}<|im_end|>\n{% endif -%}"
+        "{%- elif m.role == 'tool' -%} RESULT {{ m.content }} END"
+        "{%- else -%}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif -%}{%- endfor -%}"
+        "{%- if add_generation_prompt -%}<|im_start|>assistant\n{% endif -%}", encoding="utf-8")
+    tok = load_tokenizer(str(shared_path("tokenizers") / "qwen2.5-instruct"))
+    call = {"id": "c1", "type": "function", "function": {"name": "run_shell", "arguments": {"cmd": "make"}}}
+    msgs = [{"role": "user", "content": "Fix the build."}, {"role": "assistant", "content": "Let me look.", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "error: missing semicolon"},
+            {"role": "assistant", "content": "Fixed it."}]
+    with pytest.raises(RenderError, match=r"message 2 \(tool\): .* renders the tool result inside assistant turn 1"):
+        render(msgs, tok, load_template(str(path), tok))
 
 
 def test_dated_templates_record_the_date(harness):

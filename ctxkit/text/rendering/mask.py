@@ -85,7 +85,9 @@ def turn_text(st: RenderState, profile: Any, render: Render, template_id: str, i
                     n = _token_boundary(plain, common_prefix(plain, after), specials)
                     if not _closers_dropped(plain[n:], after[n:], specials):
                         continue
-                    head, rest = "", after[n:]
+                    rest = after[n:]
+                    head = gp if (gp := profile.generation_prompt) and rest.startswith(gp) else ""
+                    rest = rest[len(head):]
         except TemplateError:
             continue
         turn = _cut_after_closer(rest, profile.turn_closers)
@@ -98,15 +100,18 @@ def turn_text(st: RenderState, profile: Any, render: Render, template_id: str, i
 
 def _closers_dropped(dropped: str, turn: str, markers: tuple[str, ...]) -> bool:
     """Whether `dropped` (what a render without the turn writes past the common prefix) is one or more special
-    tokens (`markers`) and `turn` opens with one, after whitespace."""
-    rest = dropped
+    tokens (`markers`), with whitespace between or after them (Gemma 4 v5 closes the turn with `<turn|>\n`), and
+    `turn` opens with one, after whitespace."""
+    rest = dropped.lstrip()
+    if not rest:
+        return False
     while rest:
         m = next((m for m in markers if m and rest.startswith(m)), None)
         if m is None:
             return False
-        rest = rest[len(m):]
+        rest = rest[len(m):].lstrip()
     body = turn.lstrip()
-    return bool(dropped) and any(m and body.startswith(m) for m in markers)
+    return any(m and body.startswith(m) for m in markers)
 
 
 def common_prefix(a: str, b: str) -> int:
@@ -277,7 +282,8 @@ def locate_from(st: RenderState, profile: Any, render: Render, template_id: str,
                 found = turn_text(st, profile, render, template_id, i)
                 heads = _heads(found[0] if found is not None else gp, profile.markers)
                 s, e, head = _find_turn(text, found, heads, profile.turn_closers or (), opener, cursor, i,
-                                        template_id, () if profile.turn_closers else profile.turn_starts)
+                                        template_id, () if profile.turn_closers else profile.turn_starts,
+                                        profile.markers + profile.template_specials)
                 if head and text[max(0, s - len(head)) : s] == head:
                     out.append(TextRegion(s - len(head), s, "generation_prompt", i, "header"))
             out.append(TextRegion(s, e, "assistant", i, "produced"))
@@ -320,7 +326,8 @@ def _heads(head: str, markers: tuple[str, ...]) -> list[str]:
 
 
 def _find_turn(text: str, found: tuple[str, str] | None, heads: list[str], closers: tuple[str, ...], opener: str,
-               cursor: int, i: int, template_id: str, starts: tuple[str, ...] = ()) -> tuple[int, int, str]:
+               cursor: int, i: int, template_id: str, starts: tuple[str, ...] = (),
+               specials: tuple[str, ...] = ()) -> tuple[int, int, str]:
     """`(s, e, head)`: the char range of assistant message `i`'s produced text in `text`, from `cursor`, and the
     head written before it. Its text from prefix renders (`found`, see `turn_text`) behind `heads[0]` where
     the render holds it; else what the render writes between the next head and the first turn closer after
@@ -337,6 +344,10 @@ def _find_turn(text: str, found: tuple[str, str] | None, heads: list[str], close
             s = text.find(turn, cursor)
         if s >= 0:
             return s, s + len(turn), head
+        if (kept := _kept_tail(text, turn, cursor, opener, closers, specials)) is not None:
+            return kept[0], kept[1], ""
+    if opener and len(heads) > 1:  # a bare turn opener (Gemma's `<|turn>`) may open another role's turn
+        heads = [h for h in heads if h != opener]
     at = text.find(heads[-1], cursor) if heads and (closers or starts) else -1
     if at >= 0 and not closers:
         head = next(h for h in heads if text.startswith(h, at))
@@ -364,6 +375,35 @@ def _find_turn(text: str, found: tuple[str, str] | None, heads: list[str], close
         f"message {i}: the assistant turn is not rendered as sampled by template "
         f"{template_id} (it rewrites history); cannot locate it for the loss mask"
     )
+
+
+def _kept_tail(text: str, turn: str, cursor: int, opener: str | None, closers: tuple[str, ...],
+               specials: tuple[str, ...]) -> tuple[int, int] | None:
+    """`(s, e)` of the longest tail of `turn` (its text as rendered last) that starts right after one of its
+    special tokens, holds more than closers and whitespace, and is written at or after `cursor` before the next
+    turn opens; None when there is none. A template that continues the model turn after tool responses and
+    drops the reasoning it wrote for the last turn (Gemma 4 v5) renders the turn in history as such a tail."""
+    cuts = sorted({at + len(m) for m in specials if m for at in _all(turn, m)} - {len(turn)})
+    for c in cuts:
+        tail = turn[c:]
+        body = tail
+        for cl in closers:
+            body = body.replace(cl, "")
+        if not body.strip():
+            break  # shorter tails are only closers
+        s = text.find(tail, cursor)
+        if s >= 0 and not (opener and opener in text[cursor:s]):
+            return s, s + len(tail)
+    return None
+
+
+def _all(text: str, sub: str) -> list[int]:
+    """Every start of `sub` in `text`, overlapping ones included."""
+    out, at = [], text.find(sub)
+    while at >= 0:
+        out.append(at)
+        at = text.find(sub, at + 1)
+    return out
 
 
 # -- special tokens in content -------------------------------------------------------------------

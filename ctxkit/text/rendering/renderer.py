@@ -15,11 +15,13 @@ How assistant turns are located in the rendered text (never from `{% generation 
 - *per turn* (otherwise, e.g. Mistral, whose generation prompt is empty): each assistant turn's own
   text is taken from prefix renders (render of the messages before it with the generation prompt vs.
   the render with it), cut after its last turn closer (`TemplateProfile.turn_closers`: gpt-oss closes
-  with `<|return|>`, `<|end|>` or `<|call|>`), and found in the full render in order. Where the render
-  writes the turn otherwise (history drops its reasoning or the prompt's prefilled `<think>`), the turn is
-  what it writes between the next generation prompt (or its longest prefix there) and the first closer.
-  If neither locates it, or a tool result lies inside it (Gemma 4), that is a `RenderError`, never an
-  all-zero or wrong mask.
+  with `<|return|>`, `<|end|>` or `<|call|>`; Gemma 4 ends a tool-call turn rendered last with
+  `<|tool_response>`), and found in the full render in order. Where the render writes the turn otherwise
+  (history drops its reasoning or the prompt's prefilled `<think>`), the turn is the tail of that text after
+  one of its special tokens, written before the next turn opens (Gemma 4 v5 continues the model turn after
+  tool responses), or what the render writes between the next generation prompt (or its longest prefix
+  there, never a bare turn opener that may open another role's turn) and the first closer. If neither
+  locates it, or a tool result lies inside it, that is a `RenderError`, never an all-zero or wrong mask.
 
 Text: for a template `template_locality` finds local (Qwen2.5, SmolLM2, chatml-tools-v1; not Qwen3,
 which rewrites earlier turns, nor Mistral), `IncrementalRenderer` renders only a short suffix window

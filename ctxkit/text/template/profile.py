@@ -273,8 +273,11 @@ def _probe_facts(tokenizer, template: ChatTemplate) -> dict[str, Any]:
             adds_bos = hf("x", add_special_tokens=True)["input_ids"][:1] == [specials[bos]]
         except Exception:  # pragma: no cover - backend quirks
             adds_bos = False
+    closers = _closers(tokenizer, full, generation_prompt)
+    if supports_tools and closers:  # a tool-call turn rendered last ends with its own closer (Gemma 4: `<|tool_response>`)
+        closers += tuple(c for c in _closers(tokenizer, render(msgs[:3], tools), generation_prompt) if c not in closers)
     return dict(
-        closers=_closers(tokenizer, full, generation_prompt), starts=tuple(starts),
+        closers=closers, starts=tuple(starts),
         generation_prompt=generation_prompt, end_of_turn=end_of_turn, prefix_preserving=decision_ok,
         message_prefix_preserving=message_ok, failed_transitions=tuple(failed), supports_tools=supports_tools,
         supports_reasoning=supports_reasoning, bos_token=bos if starts_with_bos else None,
