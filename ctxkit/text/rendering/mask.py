@@ -380,7 +380,7 @@ def _find_turn(text: str, found: tuple[str, str] | None, heads: list[str], close
 def _kept_tail(text: str, turn: str, cursor: int, opener: str | None, closers: tuple[str, ...],
                specials: tuple[str, ...]) -> tuple[int, int] | None:
     """`(s, e)` of the longest tail of `turn` (its text as rendered last) that starts right after one of its
-    special tokens, holds more than closers and whitespace, and is written at or after `cursor` before the next
+    special tokens, does not open a turn, holds more than closers and whitespace, and is written at or after `cursor` before the next
     turn opens; None when there is none. A template that continues the model turn after tool responses and
     drops the reasoning it wrote for the last turn (Gemma 4 v5) renders the turn in history as such a tail."""
     cuts = sorted({at + len(m) for m in specials if m for at in _all(turn, m)} - {len(turn)})
@@ -391,6 +391,8 @@ def _kept_tail(text: str, turn: str, cursor: int, opener: str | None, closers: t
             body = body.replace(cl, "")
         if not body.strip():
             break  # shorter tails are only closers
+        if opener and tail.lstrip().startswith(opener):
+            continue  # a turn of its own (gpt-oss's final after its analysis): the head search below places it
         s = text.find(tail, cursor)
         if s >= 0 and not (opener and opener in text[cursor:s]):
             return s, s + len(tail)
