@@ -316,13 +316,19 @@ def _inside_turn(text: str, body: str, out: list[TextRegion], i: int, template_i
 
 def _heads(head: str, markers: tuple[str, ...]) -> list[str]:
     """The prefixes of `head` that end at a special-token boundary (`markers`) or at its end, longest first."""
-    cuts = {len(head)}
+    cuts = _special_cuts(head, markers) | {len(head)}
+    return [head[:n] for n in sorted(cuts, reverse=True) if n > 0]
+
+
+def _special_cuts(text: str, markers: tuple[str, ...]) -> set[int]:
+    """The char offsets where a special token of `text` (`markers`) starts or ends."""
+    cuts: set[int] = set()
     for m in markers:
-        at = head.find(m)
+        at = text.find(m) if m else -1
         while at >= 0:
             cuts.update((at, at + len(m)))
-            at = head.find(m, at + 1)
-    return [head[:n] for n in sorted(cuts, reverse=True) if n > 0]
+            at = text.find(m, at + 1)
+    return cuts
 
 
 def _find_turn(text: str, found: tuple[str, str] | None, heads: list[str], closers: tuple[str, ...], opener: str,
@@ -380,11 +386,12 @@ def _find_turn(text: str, found: tuple[str, str] | None, heads: list[str], close
 def _kept_tail(text: str, turn: str, cursor: int, opener: str | None, closers: tuple[str, ...],
                specials: tuple[str, ...]) -> tuple[int, int] | None:
     """`(s, e)` of the longest tail of `turn` (its text as rendered last) that starts right after one of its
-    special tokens, does not open a turn, holds more than closers and whitespace, and is written at or after `cursor` before the next
-    turn opens; None when there is none. A template that continues the model turn after tool responses and
-    drops the reasoning it wrote for the last turn (Gemma 4 v5) renders the turn in history as such a tail."""
-    cuts = sorted({at + len(m) for m in specials if m for at in _all(turn, m)} - {len(turn)})
-    for c in cuts:
+    special tokens, does not open a turn, holds more than closers and whitespace, and is written at or after
+    `cursor` before the next turn opens; None when there is none. A template that continues the model turn
+    after tool responses and drops the reasoning it wrote for the last turn (Gemma 4 v5) renders the turn in
+    history as such a tail."""
+    ends = {c for c in _special_cuts(turn, specials) if any(m and turn.endswith(m, 0, c) for m in specials)}
+    for c in sorted(ends - {len(turn)}):
         tail = turn[c:]
         body = tail
         for cl in closers:
@@ -394,18 +401,9 @@ def _kept_tail(text: str, turn: str, cursor: int, opener: str | None, closers: t
         if opener and tail.lstrip().startswith(opener):
             continue  # a turn of its own (gpt-oss's final after its analysis): the head search below places it
         s = text.find(tail, cursor)
-        if s >= 0 and not (opener and opener in text[cursor:s]):
+        if s >= 0 and not (opener and text.find(opener, cursor, s) >= 0):
             return s, s + len(tail)
     return None
-
-
-def _all(text: str, sub: str) -> list[int]:
-    """Every start of `sub` in `text`, overlapping ones included."""
-    out, at = [], text.find(sub)
-    while at >= 0:
-        out.append(at)
-        at = text.find(sub, at + 1)
-    return out
 
 
 # -- special tokens in content -------------------------------------------------------------------
