@@ -131,3 +131,13 @@ def conversation(rng: random.Random, family: str) -> tuple[list[dict], list[dict
     elif end < 0.6 and tools and family != "mistral":
         msgs += _tool_turn(rng, False, True, reasoning)
     return msgs, tools
+
+
+def role_batch(role: str, i: int, content: str | None = None) -> list[dict]:
+    """The messages a role sequence's `i`-th entry adds: one message of `role` (text `content`, default
+    `"<role> <i>"`), or for `tool` an assistant call and its result, a result answering a call made before it."""
+    if role != "tool":
+        return [{"role": role, "content": f"{role} {i}" if content is None else content}]
+    call = {"id": f"c{i}", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    return [{"role": "assistant", "content": f"call {i}", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": f"c{i}", "content": f"tool {i}"}]

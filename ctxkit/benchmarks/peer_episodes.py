@@ -119,7 +119,10 @@ def episode_speed(sides: Any, reference: Callable[[list, Any, bool], list[int]],
             head, steps, tools = workload_episode(source)
             as_text = None
         else:
-            head, steps, tools, as_text = _synthetic(turns, tok, tpl, seed, reference)
+            head, steps, tools, as_text, calls_only = _synthetic(turns, tok, tpl, seed, reference)
+            if calls_only:
+                errors["note episode turns"] = ("assistant turns carry their calls only: the template writes a "
+                                                "call's content after its results, sampled after them")
         if as_text:
             errors["note episode"] = "tool-call arguments given as JSON text (the template refuses objects)"
         refs = [reference(h, tools, True) for h in _histories(head, steps)]
@@ -226,12 +229,13 @@ def episode_speed(sides: Any, reference: Callable[[list, Any, bool], list[int]],
     return EpisodeSpeed(sides.pair, len(steps), len(refs[-1]) if refs else 0, repeats, arms, errors, episode_name)
 
 
-def episode(turns: int, tok: Any, tpl: Any, seed: int = 0, string_arguments: bool = False
-            ) -> tuple[list[dict], list[tuple], list[dict]]:
+def episode(turns: int, tok: Any, tpl: Any, seed: int = 0, string_arguments: bool = False,
+            calls_only: bool = False) -> tuple[list[dict], list[tuple], list[dict]]:
     """`(head, steps, tools)`: `synthetic_episode.build_episode` with each turn as `([assistant], [tool
     result], sampled ids)`; the arguments stay objects (GLM's template iterates them) unless
     `string_arguments` (JSON text: DeepSeek's template concatenates them), each tool result names its tool,
-    and the sampled ids are ctxkit's `encode_assistant_turn` of the assistant message."""
+    and the sampled ids are ctxkit's `encode_assistant_turn` of the assistant message. `calls_only`: the
+    assistant messages carry their calls and no content (`content_follows_results`)."""
 
     from ctxkit.benchmarks.synthetic_episode import build_episode  # lazy: the render benchmark's episode
     from ctxkit.text.rendering.renderer import encode_assistant_turn  # lazy: L3 entry point
@@ -244,19 +248,35 @@ def episode(turns: int, tok: Any, tpl: Any, seed: int = 0, string_arguments: boo
                 dict(c, function=dict(c["function"], arguments=json.dumps(c["function"]["arguments"])))
                 for c in assistant["tool_calls"]])
         result = dict(result, name=assistant["tool_calls"][0]["function"]["name"])
+        if calls_only:
+            assistant = dict(assistant, content=None)
         steps.append(([assistant], [result], list(encode_assistant_turn(assistant, tok, tpl, tools))))
     return head, steps, tools
 
 
-def _synthetic(turns: int, tok: Any, tpl: Any, seed: int, reference) -> tuple[list, list, list, bool]:
-    """`episode(...)` with object arguments, or JSON-text ones where the template refuses objects."""
+def _synthetic(turns: int, tok: Any, tpl: Any, seed: int, reference) -> tuple[list, list, list, bool, bool]:
+    """`episode(...)` with object arguments, or JSON-text ones where the template refuses objects (the fourth
+    value), and calls only where the template writes a call's content after its results (the fifth)."""
     try:
         head, steps, tools = episode(1, tok, tpl, seed)
         reference(_histories(head, steps)[0], tools, True)
         as_text = False
     except Exception:  # noqa: BLE001 - the template wants the arguments as JSON text
         as_text = True
-    return (*episode(turns, tok, tpl, seed, string_arguments=as_text), as_text)
+    head, steps, tools = episode(1, tok, tpl, seed, string_arguments=as_text)
+    calls_only = content_follows_results(tpl, head, steps[0], tools)
+    return (*episode(turns, tok, tpl, seed, string_arguments=as_text, calls_only=calls_only), as_text, calls_only)
+
+
+def content_follows_results(tpl: Any, head: list[dict], step: tuple, tools: Any) -> bool:
+    """Whether the template writes a tool-call turn's content after the turn's tool results (Gemma 4: the
+    model continues its turn once the results are in). A policy then samples the calls alone first, and its
+    content comes as the next assistant message."""
+    (assistant,), results, _ = step
+    text = tpl.render_text([*head, assistant, *results], tools=tools)
+    content, result = assistant.get("content") or "", results[0]["content"]
+    at = text.rfind(result)
+    return bool(content) and at >= 0 and text.find(content, at + len(result)) >= 0
 
 
 def workload_episode(wl: Any) -> tuple[list[dict], list[tuple], list[dict] | None]:

@@ -128,6 +128,28 @@ def test_whole_episode_arms_keep_the_sampled_ids_where_qwen3_rewrites_its_histor
     assert "shared:qwen3  renderers bridge_to_next_turn" in table and "0/3      3/3       3/3          0" in table
 
 
+@pytest.mark.parametrize("family", ["gemma4", "gemma4_v5"])
+def test_gemma4_episodes_sample_the_calls_alone_and_every_arm_renders_them(family, tmp_path):
+    """Gemma 4 writes a tool-call turn's content after its results, so the synthetic episode's assistant turns
+    carry their calls only (said in a note), as a policy samples them; ctxkit's ids then equal
+    `apply_chat_template` at every turn, as the bridge's and TRL's do (a message holding calls and content
+    with one set of sampled ids is refused: `tests/text/test_template_families.py`)."""
+    require_module("renderers")
+    require_module("trl")
+    from ctxkit.benchmarks import peer_episodes as pe
+
+    sides = pr.load_sides(pr.PeerPair("gemma4", family), shared_path(), tmp_path)
+
+    def ref(messages, tools, agp):
+        return pr.reference_ids(sides, messages, tools, agp)
+
+    got = pe.episode_speed(sides, ref, turns=3, repeats=1, template_kwargs={"date_string": pr.DATE_STRING})
+    assert got.errors["note episode turns"].startswith("assistant turns carry their calls only")
+    by = {a.name: a for a in got.arms}
+    for arm in (pe.CTXKIT, pe.BRIDGE, pe.CONCAT):
+        assert (by[arm].turns_equal, by[arm].turns_extending, by[arm].turns_as_ctxkit) == (3, 3, 3), arm
+
+
 def test_tool_suffix_is_what_the_tool_message_adds_after_the_end_of_turn():
     from transformers import AutoTokenizer
 

@@ -18,7 +18,7 @@ from ctxkit.text.template.chat_template import load_template
 from ctxkit.text.template.iteration_reuse import ITERATION, SECTION, render_pieces, reuse_plan
 from ctxkit.text.template.profile import template_profile
 from ctxkit.text.tokenizer.loader import load_tokenizer
-from render_cases import conversation
+from render_cases import conversation, role_batch
 
 # The same loop over `loop_messages`, which skips a leading system message (Llama 3, Gemma 3, Nemotron 3).
 ALIAS_TEMPLATE = (
@@ -213,11 +213,7 @@ def _grow_and_cut(path, roles, cuts, agps) -> None:
     inc = IncrementalRenderer(tok, str(path))
     held: list[dict] = []
     for i, role in enumerate(roles):
-        batch = [{"role": role, "content": f"{role} {i}"}]
-        if role == "tool":  # a result answers a call made just before it
-            call = {"id": f"c{i}", "type": "function", "function": {"name": "f", "arguments": "{}"}}
-            batch = [{"role": "assistant", "content": f"call {i}", "tool_calls": [call]},
-                     {"role": "tool", "tool_call_id": f"c{i}", "content": f"tool {i}"}]
+        batch = role_batch(role, i)
         inc.extend(batch)
         held += batch
         if cuts and i % 5 == 4:

@@ -164,6 +164,72 @@ def test_gemma4_tool_responses_inside_the_model_turn_are_left_out_of_the_mask(ha
     assert masked["tool-chain"] == [_G4_MAKE + "<|tool_response>", _G4_READ + "<|tool_response>"]
 
 
+@pytest.mark.parametrize("family", ["gemma4", "gemma4_v5"])
+def test_gemma4_sampled_calls_then_content_as_the_next_message(harness, family):
+    """How a Gemma 4 policy samples a tool turn: the calls (ending at `<|tool_response>`, where it stops), then,
+    once the results are in, the rest of its turn, which the template writes as the next assistant message's
+    content without opening a turn. Given so with sampled ids, the ids equal `apply_chat_template` and the
+    mask holds both samples and no result. One message holding the calls and that content with one set of
+    sampled ids is refused with a typed error saying how to give it (the template writes the content after
+    the results, so no single sample was rendered so)."""
+    from ctxkit.text.rendering.renderer import IncrementalRenderer, encode_assistant_turn
+
+    tok, hf, _ = harness.load(family)
+    call = {"id": "c1", "type": "function", "function": {"name": "run_shell", "arguments": {"cmd": "make"}}}
+    calls = {"role": "assistant", "content": None, "tool_calls": [call]}
+    result = {"role": "tool", "tool_call_id": "c1", "name": "run_shell", "content": "error: missing semicolon"}
+    reply = {"role": "assistant", "content": "Fixed it."}
+    inc = IncrementalRenderer(tok, special_tokens="allow")
+    inc.append({"role": "user", "content": "Fix the build."})
+    for msg in (calls, result, reply):
+        ids = list(encode_assistant_turn(msg, tok, inc.template)) if msg["role"] == "assistant" else None
+        inc.append(dict(msg, token_ids=ids) if ids else msg)
+    ctx = inc.render()
+    msgs = [{"role": "user", "content": "Fix the build."}, calls, result, reply]
+    assert list(ctx.token_ids) == list(hf.apply_chat_template(msgs, tokenize=True, return_dict=False))
+    assert masked_runs(tok, ctx) == [_G4_MAKE + "<|tool_response>", "Fixed it.<turn|>"]
+    both = dict(calls, content="Let me look.")
+    inc = IncrementalRenderer(tok, special_tokens="allow")
+    inc.extend([{"role": "user", "content": "Fix the build."},
+                dict(both, token_ids=list(encode_assistant_turn(both, tok, inc.template))), result])
+    with pytest.raises(RenderError, match=r"message 2 \(tool\): .* and that turn's content after it .* give the calls "
+                                          r"with their sampled ids, then the content as the next assistant message"):
+        inc.render()
+
+
+def test_locating_a_turn_takes_the_render_before_it_from_the_last_turn(harness, monkeypatch):
+    """Gemma 4 is rendered whole every turn (its loop reads other messages), and its turns are located from
+    prefix renders: the render of the messages before a new turn with the prompt is the last turn's context,
+    taken from there, so a turn renders the template twice (the context, and the messages up to the turn as
+    rendered last), not three times."""
+    from ctxkit.text.rendering.renderer import IncrementalRenderer, encode_assistant_turn
+    from ctxkit.text.template.chat_template import ChatTemplate
+
+    tok, hf, _ = harness.load("gemma4_v5")
+    calls: list[int] = []
+    real = ChatTemplate.render_chat
+
+    def counted(self, chat, **kwargs):
+        calls.append(len(chat))
+        return real(self, chat, **kwargs)
+
+    inc = IncrementalRenderer(tok, special_tokens="allow")
+    held = [{"role": "user", "content": "Fix the build."}]
+    inc.extend(held)
+    inc.render(add_generation_prompt=True)
+    monkeypatch.setattr(ChatTemplate, "render_chat", counted)
+    for k in range(4):
+        call = {"id": f"c{k}", "type": "function", "function": {"name": "run_shell", "arguments": {"cmd": f"make {k}"}}}
+        turn = [{"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": f"c{k}", "name": "run_shell", "content": f"error {k}"}]
+        inc.extend([dict(turn[0], token_ids=list(encode_assistant_turn(turn[0], tok, inc.template))), turn[1]])
+        held += turn
+        before = len(calls)
+        ids = list(inc.render(add_generation_prompt=True).token_ids)
+        assert calls[before:] == [len(held), len(held) - 1], calls[before:]
+        assert ids == list(hf.apply_chat_template(held, tokenize=True, add_generation_prompt=True, return_dict=False))
+
+
 def test_tool_result_inside_a_turn_with_no_closer_is_refused(harness, tmp_path):
     """Fault injection: a template that writes a tool result inside the assistant's turn with no token closing
     the calls, and closes a tool-call turn only when it is the last message: the turn cannot be told apart from

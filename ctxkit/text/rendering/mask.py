@@ -295,7 +295,7 @@ def locate_from(st: RenderState, profile: Any, render: Render, template_id: str,
             pos = text.find(body) if i == 0 and role == "system" else text.find(body, cursor)
             if pos < 0:
                 if role == "tool":
-                    _inside_turn(text, body, out, i, template_id)
+                    _inside_turn(text, body, out, i, template_id, st.chat)
                 st.unresolved.append(i)
                 continue
             out.append(TextRegion(pos, pos + len(body), role, i, "content"))
@@ -304,14 +304,21 @@ def locate_from(st: RenderState, profile: Any, render: Render, template_id: str,
     return cursor
 
 
-def _inside_turn(text: str, body: str, out: list[TextRegion], i: int, template_id: str) -> None:
+def _inside_turn(text: str, body: str, out: list[TextRegion], i: int, template_id: str, chat: list) -> None:
     """`RenderError` when tool result `i`, found nowhere after the assistant turn before it, lies inside that
     turn's produced text (Gemma 4 writes tool responses inside the model turn): its tokens would be
-    marked as sampled."""
+    marked as sampled. Where the turn's own content follows the result (Gemma 4 writes a tool-call turn's
+    content there), the error says how to give such a turn."""
     last = next((r for r in reversed(out) if r.kind == "produced"), None)
-    if last is not None and 0 <= (at := text.find(body, last.start, last.end)) and at + len(body) <= last.end:
-        raise RenderError(f"message {i} (tool): template {template_id} renders the tool result inside assistant "
-                          f"turn {last.index}'s text; cannot derive a loss mask that leaves it out")
+    if last is None or not (0 <= (at := text.find(body, last.start, last.end)) and at + len(body) <= last.end):
+        return
+    why = f"message {i} (tool): template {template_id} renders the tool result inside assistant turn {last.index}'s text"
+    content = message_text(chat[last.index].get("content"))
+    if content and text.find(content, at + len(body), last.end) >= 0:
+        raise RenderError(f"{why}, and that turn's content after it (the model continues its turn once the results "
+                          "are in): one message's sampled ids cannot hold its calls and that content; give the calls "
+                          "with their sampled ids, then the content as the next assistant message")
+    raise RenderError(f"{why}; cannot derive a loss mask that leaves it out")
 
 
 def _heads(head: str, markers: tuple[str, ...]) -> list[str]:

@@ -76,6 +76,9 @@ from ctxkit.text.tokenizer.loader import Tokenizer, load_tokenizer
 from ctxkit.text.vendor.oracle import is_vendor_spec
 from ctxkit.text.vendor.vendor_render import render_vendor
 
+TEXT_MEMO = 4
+"""Plain template renders kept by the messages rendered (the same message objects, the same prompt flag)."""
+
 TOKEN_ROLES = ("system", "user", "assistant", "tool", "scaffold", "generation_prompt")
 """Roles a token can have: the role of the message it renders, template scaffold, or a generation prompt."""
 __all__ = ["TOKEN_ROLES", "Drift", "IncrementalRenderer", "MessageSpan", "RenderedContext", "context_hash",
@@ -262,10 +265,20 @@ class IncrementalRenderer:
                 text = None
             if text is not None:
                 return text
-        return self.template.render_chat(chat, tools=self._tools_plain, add_generation_prompt=agp)
+        # A turn is located from the render of the messages before it with the prompt: the last turn's render
+        memo = st.text_memo
+        for was_agp, held, text in memo:
+            if was_agp == agp and len(held) == len(chat) and all(map(operator.is_, held, chat)):
+                return text
+        text = self.template.render_chat(chat, tools=self._tools_plain, add_generation_prompt=agp)
+        memo.append((agp, list(chat), text))
+        del memo[:-TEXT_MEMO]
+        return text
 
-    def _render_pieces(self, chat: list[dict], agp: bool, lead: int, start: int, restore: tuple | None = None):
-        return render_pieces(self.template, self._profile.reuse, chat, self._tools_plain, agp, lead, start, restore)
+    def _render_pieces(self, chat: list[dict], agp: bool, lead: int, start: int, restore: tuple | None = None,
+                       resume: dict | None = None):
+        return render_pieces(self.template, self._profile.reuse, chat, self._tools_plain, agp, lead, start, restore,
+                             resume)
 
     def render(self, add_generation_prompt: bool = False) -> RenderedContext:
         """The context for the messages so far (ids equal `apply_chat_template(..., tokenize=True)`)."""

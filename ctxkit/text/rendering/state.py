@@ -86,14 +86,18 @@ class RenderState:
     """`(m, length of its core)` of earlier cores the current one extends (`cut.set_core`)."""
     head: str | None = None
     """Render of the first `reach` messages (see `window_delta`), or None."""
-    reuse_bases: dict[bool, list[tuple[int, str, list[int], str, int, int, list[str] | None]]] = field(
+    reuse_bases: dict[bool, list[tuple[int, str, list[int], str, int, int, list[str] | None, dict | None]]] = field(
         default_factory=dict)
     """Generation-prompt flag -> the latest renders with that flag (`window.KEPT_BASES`), each `(m, text, ends,
-    snapshot, offset, n, states)`: a render of the first `n` messages through the marked template
+    snapshot, offset, n, states, scans)`: a render of the first `n` messages through the marked template
     (`text.template.iteration_reuse`) whose main loop's first `m` iterations render messages `offset` to
     `offset + m - 1` as held now (`cut` lowers `m`), `ends[i]` the end char of iteration `i`'s text in `text`,
     `snapshot` the values the loop read (the offset among them), `states[i]` the carried namespaces' state at
-    iteration `i`'s start (None when the template carries none)."""
+    iteration `i`'s start (None when the template carries none), `scans` what its scans before the loop found
+    (`text.template.scan_reuse.ScanRecord` by scan)."""
+    text_memo: list[tuple[bool, list, str]] = field(default_factory=list)
+    """The latest plain template renders, `(prompt flag, the chat dicts rendered, text)`: the same dicts (held,
+    never changed) and flag render the same text, which locating the next turn asks for again."""
     subs: list[Any] = field(default_factory=list)
     """Sampled-id substitutions (`output.Sub`) of the last output, in order."""
     sub_cols: tuple[list, list, list, list] = field(default_factory=lambda: ([], [], [], []))

@@ -14,6 +14,7 @@ Whenever a check fails, and for any other template, the whole conversation is re
 from __future__ import annotations
 
 import bisect
+from dataclasses import replace
 from itertools import accumulate
 from typing import Any, Callable
 
@@ -25,8 +26,9 @@ from ctxkit.text.template.locality import window_delta, window_start
 
 Render = Callable[[list, bool], str]
 Pieces = Callable[..., Any]
-"""`(chat, agp, lead, start, restore=None) -> iteration_reuse.Pieces | None`: a marked render writing iterations
-`< lead` and `>= start`, the carried namespaces set to `restore` at `start`."""
+"""`(chat, agp, lead, start, restore=None, resume=None) -> iteration_reuse.Pieces | None`: a marked render writing
+iterations `< lead` and `>= start`, the carried namespaces set to `restore` at `start`, its scans resumed from
+`resume` (`text.template.scan_reuse`)."""
 
 
 def rendered_text(st: RenderState, render: Render, locality: Any, agp: bool,
@@ -114,7 +116,7 @@ def reused_text(st: RenderState, pieces: Pieces, reach: int, agp: bool, chat: li
             return None
         text = "".join((got.prelude, *got.iterations, got.epilogue))
         new = (len(got.iterations), text, _ends(len(got.prelude), got.iterations), got.snapshot, got.offset, n,
-               got.states)
+               got.states, got.scans)
         st.full_renders += count
     else:
         st.reuse_renders += count
@@ -127,12 +129,14 @@ def reused_text(st: RenderState, pieces: Pieces, reach: int, agp: bool, chat: li
 def _from_base(base: tuple, pieces: Pieces, reach: int, chat: list, agp: bool) -> tuple | None:
     """The new base of rendering `chat` with the iterations `[reach, start)` kept from `base`; None when it keeps
     none or its snapshot differs."""
-    m, old, ends, snapshot, offset, _, states = base
+    m, old, ends, snapshot, offset, _, states, scans = base
     n, lead = len(chat), reach
     start = min(m, n - offset) - reach
     if start <= lead:
         return None
-    got = pieces(chat, agp, lead, start, None if states is None else states[start][1])
+    # the scans' records hold for the messages the base's kept iterations still render (fewer after a cut)
+    resume = {k: replace(r, known=min(r.known, m + offset)) for k, r in (scans or {}).items()}
+    got = pieces(chat, agp, lead, start, None if states is None else states[start][1], resume)
     if got is None or got.snapshot != snapshot:
         return None
     if states is not None:
@@ -146,7 +150,7 @@ def _from_base(base: tuple, pieces: Pieces, reach: int, chat: list, agp: bool) -
     tail = got.iterations[lead:]
     new_ends = (_ends(len(got.prelude), got.iterations[:lead]) + [e + shift for e in ends[lead:start]]
                 + _ends(b + shift, tail))
-    return n - offset, "".join((head, old[a:b], *tail, got.epilogue)), new_ends, snapshot, offset, n, states
+    return n - offset, "".join((head, old[a:b], *tail, got.epilogue)), new_ends, snapshot, offset, n, states, got.scans
 
 
 def _ends(offset: int, texts: list[str]) -> list[int]:

@@ -2,7 +2,8 @@
 
 Modules: `chat_template` (ChatTemplate, load_template), `sandbox` (the Jinja sandbox), `limits`
 (RenderLimits), `profile` (TemplateProfile: the one home of a template's facts), `locality` (windowed
-rendering where it is exact), `check` (check_template). Imports `text/tokenizer/` and L0.
+rendering where it is exact), `iteration_reuse` and `scan_reuse` (renders that keep an earlier render's loop
+iterations and resume its scans; `loop_select` runs only the iterations asked for), `check` (check_template). Imports `text/tokenizer/` and L0.
 """
 
 from __future__ import annotations

@@ -35,7 +35,10 @@ from typing import Any
 
 from ctxkit.errors import TemplateError
 from ctxkit.text.template.chat_template import ChatTemplate
+from ctxkit.text.template.loop_select import rename_loop, select_iterations
 from ctxkit.text.template.sandbox import compile_template, render_sandboxed, sandbox_environment
+from ctxkit.text.template.scan_reuse import HIT, SCAN, LastMatchScan, ScanRecord, hit, last_match_scans, mark_scans, scan
+from ctxkit.text.template.scan_reuse import scan_records
 
 _LOOP_ATTRS = frozenset({"first", "last", "index", "index0", "previtem", "nextitem"})
 _CONSTANT = frozenset({"tools", "documents"})
@@ -49,6 +52,7 @@ STATE = f"\x1ectxkit-state-{_NONCE}\x1e"
 """Ends the carried namespaces' state written after an iteration's marker (`ReusePlan.carried`)."""
 LEAD, START, SNAPSHOT, GIVEN, CARRIED, RESTORE = ("__ctxkit_lead", "__ctxkit_start", "__ctxkit_snapshot",
                                                  "__ctxkit_messages", "__ctxkit_carried", "__ctxkit_restore")
+SELECT, LOOP = "__ctxkit_select", "__ctxkit_loop"
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,9 @@ class ReusePlan:
     counters, DeepSeek's turn flags): a marked render records their state at each iteration's start, and one
     that skips iterations sets them, at the first iteration after the gap, to the state the earlier render
     had there (module docstring)."""
+    scans: tuple[LastMatchScan, ...] = ()
+    """Loops before the main one that find the last matching message (`scan_reuse`): a marked render resumes
+    them from an earlier one's `ScanRecord`s."""
 
 
 @dataclass(frozen=True)
@@ -90,6 +97,8 @@ class Pieces:
     states: list[tuple[str, tuple]] | None = None
     """With `ReusePlan.carried`: per iteration written, the carried namespaces' state at its start, before any
     `restore` (its text, and a copy of each namespace's attributes); else None."""
+    scans: dict[int, ScanRecord] | None = None
+    """Per scan of `ReusePlan.scans` (by position) that ran over the messages given, what it found."""
 
 
 def _is_messages(n, nodes, lists: Any = ("messages",)) -> bool:
@@ -184,7 +193,8 @@ def reuse_plan(source: str, constant: frozenset[str] = frozenset()) -> ReusePlan
     fixed = _CONSTANT | constant | set(sandbox_environment().globals)
     names = sorted(n for n in (scan.loaded | carried) - targets - {"messages", "loop", loop_list} - set(macros)
                    if n in top_set or n not in fixed and n not in scan.stored or n == "add_generation_prompt")
-    return ReusePlan(True, "", scan.reach, tuple(names), loop_list, tuple(sorted(carried)))
+    scans = last_match_scans(tree, main, nodes, ("messages", *aliases), frozenset(fixed))
+    return ReusePlan(True, "", scan.reach, tuple(names), loop_list, tuple(sorted(carried)), scans)
 
 
 def _top_namespaces(tree, main, nodes) -> frozenset[str]:
@@ -359,8 +369,15 @@ def _marked_template(template: ChatTemplate, plan: ReusePlan):
     env = sandbox_environment()
     tree = env.parse(template.source)
     main = _main_loop(tree, nodes, _aliases(tree, nodes))
+    mark_scans(tree, nodes, plan.scans)
     line = main.lineno
-    index0 = nodes.Getattr(nodes.Name("loop", "load"), "index0", "load")
+    selected = isinstance(main.target, nodes.Name)
+    if selected:  # the loop iterates only the iterations written: the others cost nothing at all
+        rename_loop(main.body, nodes, LOOP)
+        main.iter = nodes.Call(nodes.Name(SELECT, "load"), [main.iter, nodes.Name(LEAD, "load"),
+                                                             nodes.Name(START, "load")], [], None, None)
+        main.target = nodes.Tuple([nodes.Name(LOOP, "store"), main.target], "store")
+    index0 = nodes.Getattr(nodes.Name(LOOP if selected else "loop", "load"), "index0", "load")
     test = nodes.Or(nodes.Compare(index0, [nodes.Operand("lt", nodes.Name(LEAD, "load"))]),
                     nodes.Compare(index0, [nodes.Operand("gteq", nodes.Name(START, "load"))]))
     opening = [nodes.Output([nodes.TemplateData(ITERATION)])]
@@ -371,7 +388,7 @@ def _marked_template(template: ChatTemplate, plan: ReusePlan):
                                                                            None, None), nodes.TemplateData(STATE)]),
                    nodes.If(at_start, [nodes.Output([nodes.Call(nodes.Name(RESTORE, "load"), spaces, [], None, None)])],
                             [], [])]
-    main.body = [nodes.If(test, [*opening, *main.body], [], [])]
+    main.body = [*opening, *main.body] if selected else [nodes.If(test, [*opening, *main.body], [], [])]
     snapshot = nodes.Call(nodes.Name(SNAPSHOT, "load"), [nodes.Name(n, "load") for n in
                                                         (GIVEN, "messages", plan.loop_list, *plan.names)], [], None, None)
     at = tree.body.index(main)
@@ -426,15 +443,20 @@ def _restore(values: tuple | None, *spaces: Any) -> str:
 
 
 def render_pieces(template: ChatTemplate, plan: ReusePlan, chat: list[dict], tools: Any, agp: bool,
-                  lead: int, start: int, restore: tuple | None = None) -> Pieces | None:
+                  lead: int, start: int, restore: tuple | None = None,
+                  resume: dict[int, ScanRecord] | None = None) -> Pieces | None:
     """Render `chat` through the marked copy of `template`, writing iterations `< lead` and `>= start`;
-    `restore`: the carried namespaces' attributes to set at iteration `start` (`Pieces.states`). None when the
+    `restore`: the carried namespaces' attributes to set at iteration `start` (`Pieces.states`); `resume`: the
+    scans' records of an earlier render whose first `known` messages are these (`scan_reuse`). None when the
     markers do not cut it as expected (a message's text holding one)."""
     compiled = _marked_template(template, plan)
     variables = template.render_variables(chat, tools, agp)
     record: dict[str, int] = {}
     states: list = []
-    variables.update({LEAD: lead, START: start, SNAPSHOT: functools.partial(_snapshot, record),
+    found: dict = {}
+    variables.update({SCAN: functools.partial(scan, found, resume or {}, variables["messages"]),
+                      HIT: functools.partial(hit, found)})
+    variables.update({LEAD: lead, START: start, SELECT: select_iterations, SNAPSHOT: functools.partial(_snapshot, record),
                       GIVEN: variables["messages"], CARRIED: functools.partial(_carried_state, states),
                       RESTORE: functools.partial(_restore, restore)})
     text = render_sandboxed(compiled, template.limits, variables, f"template {template.id}")
@@ -450,7 +472,8 @@ def render_pieces(template: ChatTemplate, plan: ReusePlan, chat: list[dict], too
         if any(not it.startswith(STATE) for it in iterations[1:]) or len(states) != len(iterations) - 1:
             return None
         iterations = [""] + [it[len(STATE):] for it in iterations[1:]]
-    return Pieces(parts[0], parts[1], iterations[1:], parts[3], offset, states if plan.carried else None)
+    return Pieces(parts[0], parts[1], iterations[1:], parts[3], offset, states if plan.carried else None,
+                  scan_records(found))
 
 
 __all__ = ["ITERATION", "SECTION", "STATE", "Pieces", "ReusePlan", "render_pieces", "reuse_plan"]

@@ -51,6 +51,13 @@ def clock_function(clock: datetime):
     return strftime_now
 
 
+class LoopView:
+    """Base of the loop objects a rewritten template reads in place of Jinja's own (`iteration_reuse`,
+    `scan_reuse`): slotted records of plain values, whose public attributes the sandbox reads directly."""
+
+    __slots__ = ()
+
+
 _ENV: Any = None
 _ENV_LOCK = threading.Lock()
 
@@ -169,6 +176,11 @@ def _build_environment():
                     return self.undefined(obj=obj, name=attribute)
             if type(obj) is LoopContext and attribute in loop_names:
                 return getattr(obj, attribute)
+            if isinstance(obj, LoopView) and attribute[:1] != "_":
+                try:
+                    return getattr(obj, attribute)
+                except AttributeError:
+                    return self.undefined(obj=obj, name=attribute)
             if type(obj) is TemplateNamespace and attribute[:1] != "_":  # what Jinja's checks let through
                 try:
                     return getattr(obj, attribute)
@@ -339,4 +351,4 @@ def render_sandboxed(compiled, limits: RenderLimits, variables: dict[str, Any], 
         raise TemplateError(f"{where} failed to render: {type(exc).__name__}: {exc}") from exc
 
 
-__all__ = ["RENDER_CLOCK", "clock_function", "compile_template", "render_sandboxed", "sandbox_environment"]
+__all__ = ["RENDER_CLOCK", "LoopView", "clock_function", "compile_template", "render_sandboxed", "sandbox_environment"]
