@@ -197,6 +197,35 @@ def test_gemma4_sampled_calls_then_content_as_the_next_message(harness, family):
         inc.render()
 
 
+@pytest.mark.parametrize("family", ["gemma4", "gemma4_v3"])
+def test_gemma4_history_with_content_beside_the_calls(harness, family):
+    """OpenAI-form history, every assistant turn with content and calls: Gemma 4 writes a later turn's content
+    after its tool responses (trimmed), where no sample of it was rendered, so the turn is located by its calls
+    alone: ids equal `apply_chat_template`, the mask holds each turn's calls and `<|tool_response>` and the final
+    reply, none of the responses or the moved content. With sampled ids on such a turn the render is refused,
+    saying how to give it."""
+    from ctxkit.text.rendering.renderer import IncrementalRenderer, encode_assistant_turn, render
+
+    tok, hf, _ = harness.load(family)
+    call = lambda k: {"id": f"c{k}", "type": "function", "function": {"name": "run_shell", "arguments": {"cmd": f"make {k}"}}}
+    msgs = [{"role": "user", "content": "Fix the build."},
+            {"role": "assistant", "content": "Let me look.", "tool_calls": [call(1)]},
+            {"role": "tool", "tool_call_id": "c1", "name": "run_shell", "content": "error 1"},
+            {"role": "assistant", "content": "Once more.\n\n", "tool_calls": [call(2)]},
+            {"role": "tool", "tool_call_id": "c2", "name": "run_shell", "content": "ok"},
+            {"role": "assistant", "content": "Fixed it."}]
+    ctx = render(msgs, tok)
+    assert list(ctx.token_ids) == list(hf.apply_chat_template(msgs, tokenize=True, return_dict=False))
+    make = lambda k: f'<|tool_call>call:run_shell{{cmd:<|"|>make {k}<|"|>}}<tool_call|><|tool_response>'
+    assert masked_runs(tok, ctx) == [make(1), make(2), "Fixed it.<turn|>"]
+    inc = IncrementalRenderer(tok, special_tokens="allow")
+    inc.extend(msgs[:3])
+    inc.extend([dict(msgs[3], token_ids=list(encode_assistant_turn(msgs[3], tok, inc.template))), msgs[4]])
+    with pytest.raises(RenderError, match=r"message 3: .* writes the assistant turn's content after the messages that "
+                                          r"follow it .* then the content as the next assistant message"):
+        inc.render()
+
+
 def test_locating_a_turn_takes_the_render_before_it_from_the_last_turn(harness, monkeypatch):
     """Gemma 4 is rendered whole every turn (its loop reads other messages), and its turns are located from
     prefix renders: the render of the messages before a new turn with the prompt is the last turn's context,

@@ -281,9 +281,10 @@ def locate_from(st: RenderState, profile: Any, render: Render, template_id: str,
             else:
                 found = turn_text(st, profile, render, template_id, i)
                 heads = _heads(found[0] if found is not None else gp, profile.markers)
+                moved = (message_text(msg.get("content")), st.sampled[i] is not None)
                 s, e, head = _find_turn(text, found, heads, profile.turn_closers or (), opener, cursor, i,
                                         template_id, () if profile.turn_closers else profile.turn_starts,
-                                        profile.markers + profile.template_specials)
+                                        profile.markers + profile.template_specials, moved)
                 if head and text[max(0, s - len(head)) : s] == head:
                     out.append(TextRegion(s - len(head), s, "generation_prompt", i, "header"))
             out.append(TextRegion(s, e, "assistant", i, "produced"))
@@ -340,13 +341,14 @@ def _special_cuts(text: str, markers: tuple[str, ...]) -> set[int]:
 
 def _find_turn(text: str, found: tuple[str, str] | None, heads: list[str], closers: tuple[str, ...], opener: str,
                cursor: int, i: int, template_id: str, starts: tuple[str, ...] = (),
-               specials: tuple[str, ...] = ()) -> tuple[int, int, str]:
+               specials: tuple[str, ...] = (), moved: tuple[str, bool] = ("", False)) -> tuple[int, int, str]:
     """`(s, e, head)`: the char range of assistant message `i`'s produced text in `text`, from `cursor`, and the
     head written before it. Its text from prefix renders (`found`, see `turn_text`) behind `heads[0]` where
     the render holds it; else what the render writes between the next head and the first turn closer after
     it (the template re-renders the turn, e.g. drops its reasoning and the prompt's prefilled `<think>`, or
     rewrites it once more messages follow), the head being the longest of `heads` written there. A template
-    with no closers (GLM-4) ends the turn where the next message starts (`starts`) or at the end of the text."""
+    with no closers (GLM-4) ends the turn where the next message starts (`starts`) or at the end of the text.
+    `moved`: the message's content and whether it carries sampled ids (`_without_moved_content`)."""
     head = heads[0] if heads else ""
     if found is not None:
         turn = found[1]
@@ -359,6 +361,8 @@ def _find_turn(text: str, found: tuple[str, str] | None, heads: list[str], close
             return s, s + len(turn), head
         if (kept := _kept_tail(text, turn, cursor, opener, closers, specials)) is not None:
             return kept[0], kept[1], ""
+        if (bare := _without_moved_content(text, turn, cursor, moved, i, template_id)) is not None:
+            return bare[0], bare[1], head if text[max(0, bare[0] - len(head)) : bare[0]] == head else ""
     if opener and len(heads) > 1:  # a bare turn opener (Gemma's `<|turn>`) may open another role's turn
         heads = [h for h in heads if h != opener]
     at = text.find(heads[-1], cursor) if heads and (closers or starts) else -1
@@ -388,6 +392,28 @@ def _find_turn(text: str, found: tuple[str, str] | None, heads: list[str], close
         f"message {i}: the assistant turn is not rendered as sampled by template "
         f"{template_id} (it rewrites history); cannot locate it for the loss mask"
     )
+
+
+def _without_moved_content(text: str, turn: str, cursor: int, moved: tuple[str, bool], i: int,
+                           template_id: str) -> tuple[int, int] | None:
+    """`(s, e)` of the turn without its content, when the template writes that content later once more messages
+    follow (Gemma 4 writes a tool-call turn's content after its tool responses): the calls and their closer
+    are the turn's produced text there, and the content stays unmasked. A turn given with sampled ids is
+    refused then (they hold the content where the render does not): `RenderError` saying how to give it."""
+    content, sampled = moved
+    content = content if turn.count(content) == 1 else content.strip()  # templates may trim it
+    if not content or turn.count(content) != 1:
+        return None
+    bare = turn.replace(content, "", 1)
+    s = text.find(bare, cursor) if bare.strip() else -1
+    if s < 0 or text.find(content, s + len(bare)) < 0:
+        return None
+    if sampled:
+        raise RenderError(f"message {i}: template {template_id} writes the assistant turn's content after the "
+                          "messages that follow it (the model continues its turn once the results are in): one "
+                          "message's sampled ids cannot hold its calls and that content; give the calls with their "
+                          "sampled ids, then the content as the next assistant message")
+    return s, s + len(bare)
 
 
 def _kept_tail(text: str, turn: str, cursor: int, opener: str | None, closers: tuple[str, ...],
