@@ -95,7 +95,7 @@ def test_deepseek_v3_generated_conversations_ctxkit_equal_renderers_differs_with
 @pytest.mark.parametrize("family", ["gemma4", "gemma4_v3"])
 def test_every_shared_trajectory_renders_in_gemma4_s_format_with_exact_ids(family, tmp_path):
     """The real trajectories' assistant turns hold content and calls (OpenAI's form); Gemma 4 writes that content
-    after the tool responses once they follow, so the turn is located without it (`mask._without_moved_content`):
+    after the tool responses once they follow, so the turn is located without it (`turn_find._without_moved_content`):
     ctxkit's ids equal `apply_chat_template` on all 16 episodes and none is refused (11 were, before)."""
     require_module("renderers")
     require_module("trl")

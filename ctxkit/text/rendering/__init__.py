@@ -3,8 +3,8 @@ per-token provenance, incrementally as it grows or is cut.
 
 Modules: `renderer` (render, IncrementalRenderer, encode_assistant_turn), `state` (RenderState, the
 renderer's one mutable state), `window` (the rendered text: suffix window or whole render), `tokens`
-(re-tokenizing after the last stable boundary), `mask` (assistant-turn regions and labels), `output`
-(RenderedContext, context_hash, output assembly, the `history` modes), `drift_reasons` (the closed vocabulary
+(re-tokenizing after the last stable boundary), `mask` (assistant-turn regions and labels; `turn_find`: where a
+turn lies), `output` (RenderedContext, context_hash, output assembly, the `history` modes), `drift_reasons` (the closed vocabulary
 of why a sampled turn or a step's context does not extend what came before, and its classifier), `cut`
 (cutting back to a prefix), `splice` (re-rendering a changed block), `segments` (per-segment caches). Imports `text/template/`, `text/tokenizer/`,
 `text/chat_messages.py`, `text/special_tokens.py` and L0.
