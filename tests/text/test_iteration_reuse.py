@@ -239,9 +239,7 @@ def test_a_template_that_shortens_messages_keeps_iterations(tmp_path):
     held = [{"role": "system", "content": "s"}, {"role": "user", "content": "task"}]
     inc.extend(held)
     for i in range(8):
-        call = {"id": f"c{i}", "type": "function", "function": {"name": "f", "arguments": "{}"}}
-        turn = [{"role": "assistant", "content": f"call {i}", "tool_calls": [call]},
-                {"role": "tool", "tool_call_id": f"c{i}", "content": f"tool {i}"}]
+        turn = role_batch("tool", i)
         inc.extend(turn)
         held += turn
         ctx = inc.render(add_generation_prompt=True)

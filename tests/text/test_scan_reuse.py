@@ -116,9 +116,7 @@ def test_an_agent_episode_scans_only_the_new_messages(source, tmp_path, monkeypa
     held = [{"role": "system", "content": "s"}, {"role": "user", "content": "task"}]
     inc.extend(held)
     for i in range(12):
-        call = {"id": f"c{i}", "type": "function", "function": {"name": "f", "arguments": "{}"}}
-        turn = [{"role": "assistant", "content": f"call {i}", "tool_calls": [call]},
-                {"role": "tool", "tool_call_id": f"c{i}", "content": f"tool {i}"}]
+        turn = role_batch("tool", i)
         if i == 8:
             turn.append({"role": "user", "content": "and then?"})
         inc.extend(turn)

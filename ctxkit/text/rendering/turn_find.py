@@ -35,7 +35,13 @@ def _first_closer(text: str, closers: tuple[str, ...], start: int) -> tuple[int,
     return best
 
 
-def tool_result_inside_turn(text: str, body: str, out: list[TextRegion], i: int, template_id: str, chat: list) -> None:
+_SPLIT_TURN = ("(the model continues its turn once the results are in): one message's sampled ids cannot hold its "
+               "calls and that content; give the calls with their sampled ids, then the content as the next "
+               "assistant message")
+"""Why a message holding calls and content the template writes after the results cannot carry sampled ids."""
+
+
+def tool_result_inside_turn(text: str, body: str, out: list, i: int, template_id: str, chat: list) -> None:
     """`RenderError` when tool result `i`, found nowhere after the assistant turn before it, lies inside that
     turn's produced text (Gemma 4 writes tool responses inside the model turn): its tokens would be
     marked as sampled. Where the turn's own content follows the result (Gemma 4 writes a tool-call turn's
@@ -44,11 +50,9 @@ def tool_result_inside_turn(text: str, body: str, out: list[TextRegion], i: int,
     if last is None or not (0 <= (at := text.find(body, last.start, last.end)) and at + len(body) <= last.end):
         return
     why = f"message {i} (tool): template {template_id} renders the tool result inside assistant turn {last.index}'s text"
-    content = message_text(chat[last.index].get("content"))
+    content = message_text(chat[last.index].get("content")).strip()  # templates may trim it
     if content and text.find(content, at + len(body), last.end) >= 0:
-        raise RenderError(f"{why}, and that turn's content after it (the model continues its turn once the results "
-                          "are in): one message's sampled ids cannot hold its calls and that content; give the calls "
-                          "with their sampled ids, then the content as the next assistant message")
+        raise RenderError(f"{why}, and that turn's content after it {_SPLIT_TURN}")
     raise RenderError(f"{why}; cannot derive a loss mask that leaves it out")
 
 
@@ -140,9 +144,7 @@ def _without_moved_content(text: str, turn: str, cursor: int, moved: tuple[str, 
         return None
     if sampled:
         raise RenderError(f"message {i}: template {template_id} writes the assistant turn's content after the "
-                          "messages that follow it (the model continues its turn once the results are in): one "
-                          "message's sampled ids cannot hold its calls and that content; give the calls with their "
-                          "sampled ids, then the content as the next assistant message")
+                          f"messages that follow it {_SPLIT_TURN}")
     return s, s + len(bare)
 
 
