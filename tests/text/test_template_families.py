@@ -197,32 +197,72 @@ def test_gemma4_sampled_calls_then_content_as_the_next_message(harness, family):
         inc.render()
 
 
-@pytest.mark.parametrize("family", ["gemma4", "gemma4_v3"])
-def test_gemma4_history_with_content_beside_the_calls(harness, family):
-    """OpenAI-form history, every assistant turn with content and calls: Gemma 4 writes a later turn's content
-    after its tool responses (trimmed), where no sample of it was rendered, so the turn is located by its calls
-    alone: ids equal `apply_chat_template`, the mask holds each turn's calls and `<|tool_response>` and the final
-    reply, none of the responses or the moved content. With sampled ids on such a turn the render is refused,
-    saying how to give it."""
-    from ctxkit.text.rendering.renderer import IncrementalRenderer, encode_assistant_turn, render
-
-    tok, hf, _ = harness.load(family)
+def _history_with_content_beside_the_calls() -> list[dict]:
+    """Two tool-call turns in OpenAI form (content beside the calls), their results and a final reply."""
     call = lambda k: {"id": f"c{k}", "type": "function", "function": {"name": "run_shell", "arguments": {"cmd": f"make {k}"}}}
-    msgs = [{"role": "user", "content": "Fix the build."},
+    return [{"role": "user", "content": "Fix the build."},
             {"role": "assistant", "content": "Let me look.", "tool_calls": [call(1)]},
             {"role": "tool", "tool_call_id": "c1", "name": "run_shell", "content": "error 1"},
             {"role": "assistant", "content": "Once more.\n\n", "tool_calls": [call(2)]},
             {"role": "tool", "tool_call_id": "c2", "name": "run_shell", "content": "ok"},
             {"role": "assistant", "content": "Fixed it."}]
+
+
+@pytest.mark.parametrize("family", ["gemma4", "gemma4_v3"])
+def test_gemma4_history_with_content_beside_the_calls(harness, family):
+    """OpenAI-form history, every assistant turn with content and calls: Gemma 4 writes a later turn's content
+    after its tool responses (trimmed), where no sample of it was rendered, so the turn is located by its calls
+    alone: ids equal `apply_chat_template`, the mask holds each turn's calls and `<|tool_response>` and the final
+    reply, none of the responses or the moved content. A reply sampled after such history is the policy's ids,
+    masked. With sampled ids on a turn whose content moves the render is refused, saying how to give it."""
+    from ctxkit.text.rendering.renderer import IncrementalRenderer, encode_assistant_turn, render
+
+    tok, hf, _ = harness.load(family)
+    msgs = _history_with_content_beside_the_calls()
     ctx = render(msgs, tok)
     assert list(ctx.token_ids) == list(hf.apply_chat_template(msgs, tokenize=True, return_dict=False))
     make = lambda k: f'<|tool_call>call:run_shell{{cmd:<|"|>make {k}<|"|>}}<tool_call|><|tool_response>'
     assert masked_runs(tok, ctx) == [make(1), make(2), "Fixed it.<turn|>"]
+    sampled = IncrementalRenderer(tok, special_tokens="allow")
+    sampled.extend(msgs[:5])
+    reply = list(encode_assistant_turn(msgs[5], tok, sampled.template))
+    sampled.append(dict(msgs[5], token_ids=reply))
+    ctx = sampled.render()
+    assert list(ctx.token_ids) == list(hf.apply_chat_template(msgs, tokenize=True, return_dict=False))
+    assert masked_runs(tok, ctx) == [make(1), make(2), "Fixed it.<turn|>"]
+    assert [t for t, m in zip(ctx.token_ids, ctx.loss_mask) if m][-len(reply):] == reply
     inc = IncrementalRenderer(tok, special_tokens="allow")
     inc.extend(msgs[:3])
     inc.extend([dict(msgs[3], token_ids=list(encode_assistant_turn(msgs[3], tok, inc.template))), msgs[4]])
     with pytest.raises(RenderError, match=r"message 3: .* writes the assistant turn's content after the messages that "
                                           r"follow it .* then the content as the next assistant message"):
+        inc.render()
+
+
+def test_gemma4_v5_reply_right_after_moved_content(harness):
+    """Gemma 4 v5 writes the reply after a tool-call turn's moved content with no turn opened (`Once more.Fixed
+    it.<turn|>`; a render without the reply closes the content with `<turn|>\n` instead). As history: ids equal
+    `apply_chat_template` and the mask holds the reply's tokens that start inside it (the BPE merges `.F`, a
+    token that is half history, left out). With sampled ids the reply is refused with a typed error: a rendered
+    token spans its start, so the ids could not be put there without repeating text (before, the render
+    repeated `Fixed`)."""
+    from ctxkit.text.rendering.renderer import IncrementalRenderer, encode_assistant_turn, render
+
+    tok, hf, _ = harness.load("gemma4_v5")
+    msgs = _history_with_content_beside_the_calls()
+    text = hf.apply_chat_template(msgs, tokenize=False)
+    assert text.endswith('<tool_response|>Once more.Fixed it.<turn|>\n')
+    for n in (4, 6):  # the reply after one and after two moved contents
+        chat = msgs[:3] + msgs[5:] if n == 4 else msgs
+        ctx = render(chat, tok)
+        assert list(ctx.token_ids) == list(hf.apply_chat_template(chat, tokenize=True, return_dict=False))
+        make = lambda k: f'<|tool_call>call:run_shell{{cmd:<|"|>make {k}<|"|>}}<tool_call|><|tool_response>'
+        assert masked_runs(tok, ctx) == ([make(1)] if n == 4 else [make(1), make(2)]) + [" it.<turn|>"]
+    inc = IncrementalRenderer(tok, special_tokens="allow")
+    inc.extend(msgs[:5])
+    inc.append(dict(msgs[5], token_ids=list(encode_assistant_turn(msgs[5], tok, inc.template))))
+    with pytest.raises(RenderError, match=r"message 5: template .* writes the assistant turn right after text it "
+                                          r"merges with \(rendered token \d+ at char \d+ spans the turn's start"):
         inc.render()
 
 

@@ -85,7 +85,7 @@ def turn_text(st: RenderState, profile: Any, render: Render, template_id: str, i
                     # opens with one (anything else may be the last message rewritten, not a closer dropped).
                     specials = profile.markers + profile.template_specials
                     n = _token_boundary(plain, common_prefix(plain, after), specials)
-                    if not _closers_dropped(plain[n:], after[n:], specials):
+                    if not _closers_dropped(plain[n:], after[n:], specials, message_text(chat[i].get("content"))):
                         continue
                     rest = after[n:]
                     head = gp if (gp := profile.generation_prompt) and rest.startswith(gp) else ""
@@ -100,10 +100,12 @@ def turn_text(st: RenderState, profile: Any, render: Render, template_id: str, i
     return found
 
 
-def _closers_dropped(dropped: str, turn: str, markers: tuple[str, ...]) -> bool:
+def _closers_dropped(dropped: str, turn: str, markers: tuple[str, ...], content: str) -> bool:
     """Whether `dropped` (what a render without the turn writes past the common prefix) is one or more special
     tokens (`markers`), with whitespace between or after them (Gemma 4 v5 closes the turn with `<turn|>\n`), and
-    `turn` opens with one, after whitespace."""
+    `turn` opens, after whitespace, with one or with the message's own `content` (Gemma 4 v5 writes a reply
+    after a turn's moved content without opening a turn: `A1<turn|>` becomes `A1Done.<turn|>`). Anything else
+    may be the last message rewritten, not a closer dropped."""
     rest = dropped.lstrip()
     if not rest:
         return False
@@ -113,7 +115,8 @@ def _closers_dropped(dropped: str, turn: str, markers: tuple[str, ...]) -> bool:
             return False
         rest = rest[len(m):].lstrip()
     body = turn.lstrip()
-    return any(m and body.startswith(m) for m in markers)
+    own = content.strip()
+    return any(m and body.startswith(m) for m in markers) or bool(own) and body.startswith(own)
 
 
 def common_prefix(a: str, b: str) -> int:

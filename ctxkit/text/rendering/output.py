@@ -133,7 +133,8 @@ def assemble(st: RenderState, profile: Any, template_id: str, tokenizer_id: str,
     subs = st.subs
     cut, shift = (subs[-1].z, subs[-1].shift) if subs else (0, 0)
     reused_to = cut
-    out_at = _substitute(st, produced, profile.end_of_turn_id, cut, shift, classify, history == "template")
+    out_at = _substitute(st, produced, profile.end_of_turn_id, cut, shift, classify, history == "template",
+                         template_id)
     drifts = [subs[j].drift for j in st.sub_cols[3]]
     ids, mask, roles = st.ids, st.mask, st.roles
     if not out_at:  # every substitution (if any) is an identity
@@ -197,10 +198,12 @@ def _kept_subs(st: RenderState, changed: int) -> list:
 
 
 def _substitute(st: RenderState, produced: list, eot_id: int | None, cut: int, shift: int,
-                classify: Classify | None = None, template_history: bool = False) -> int:
+                classify: Classify | None = None, template_history: bool = False, template_id: str = "") -> int:
     """Put the sampled ids of the `produced` regions in place (after the kept substitutions, which end at
     rendered token `cut` with cumulative `shift`), extending `st.out`; return the new `st.out_at`. With
-    `template_history`, a turn whose drift is `thinking_stripped` keeps the template's render instead."""
+    `template_history`, a turn whose drift is `thinking_stripped` keeps the template's render instead.
+    A turn whose first character is inside a rendered token (the template writes it right after text the
+    tokenizer merges with it) is refused: its ids would repeat that token's text."""
     ids, mask, roles = st.ids, st.mask, st.roles
     subs = st.subs
     sub_ends, sub_shift, sub_index, drift_at = st.sub_cols
@@ -212,6 +215,8 @@ def _substitute(st: RenderState, produced: list, eot_id: int | None, cut: int, s
     for r in produced:
         sampled = st.sampled[r.index]
         a, z = r.tokens
+        if st.starts[a] != r.start:
+            raise RenderError(_straddled(st, r, template_id))
         rendered = ids[a:z]
         n = z - a
         sub_ends.append(z)
@@ -253,6 +258,15 @@ def _substitute(st: RenderState, produced: list, eot_id: int | None, cut: int, s
         out_at = z
     st.out_at = out_at
     return out_at
+
+
+def _straddled(st: RenderState, r: Any, template_id: str) -> str:
+    """Why the sampled ids of produced region `r` cannot be put in place: a rendered token spans its start."""
+    a = r.tokens[0]
+    return (f"message {r.index}: template {template_id} writes the assistant turn right after text it merges with "
+            f"(rendered token {st.ids[a - 1]} at char {st.starts[a - 1]} spans the turn's start at char {r.start}); "
+            "sampled ids cannot be put there without repeating that token's text (give this message without "
+            "token_ids to render it as history)")
 
 
 def _drift(index: int, pos0: int, sampled: Sequence[int], compare: list[int], reason: str) -> Drift:
