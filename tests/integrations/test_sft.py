@@ -75,15 +75,63 @@ def write_configs(folder: Path, *, eval_seeds="[0, 1]", extra="") -> Path:
 
 def test_config_parses_and_quick_overrides(tmp_path):
     config = load_sft_config(write_configs(tmp_path))
-    assert (config.name, config.eval_seeds, config.model, config.collect.seeds) == ("tiny-sft", (0, 1), None, (100, 101))
+    assert (config.name, config.eval_seeds, config.model, config.collect[0].seeds) == ("tiny-sft", (0, 1), None, (100, 101))
     assert (config.train.max_steps, config.train.learning_rate, config.train.lora) == (6, 5e-4, None)
     quick = load_sft_config(tmp_path / "sft.toml", quick=True)
-    assert (quick.train.max_steps, quick.train.grad_accum, quick.collect.seeds) == (2, 1, (100,))
+    assert (quick.train.max_steps, quick.train.grad_accum, quick.collect[0].seeds) == (2, 1, (100,))
 
 
 def test_held_out_seeds_must_be_disjoint_from_training_seeds(tmp_path):
     with pytest.raises(ConfigError, match=r"sft\.toml: eval_seeds \[101\] are also training seeds of collect\.toml"):
         load_sft_config(write_configs(tmp_path, eval_seeds="[0, 101]"))
+
+
+def write_two_collections(folder: Path, *, eval_seeds="[0, 1]") -> Path:
+    """`write_configs` with a second, keep-all-only collection on seeds 102 and 103 pooled with the first."""
+    path = write_configs(folder, eval_seeds=eval_seeds)
+    second = (folder / "collect.toml").read_text().replace("seeds = [100, 101]", "seeds = [102, 103]")
+    (folder / "more.toml").write_text(second[: second.index('[[arms]]\nname = "mask-observations"')])
+    path.write_text(path.read_text().replace('collect = "collect.toml"', 'collect = ["collect.toml", "more.toml"]'))
+    return path
+
+
+def test_collections_pool_and_quick_cuts_each(tmp_path):
+    config = load_sft_config(write_two_collections(tmp_path))
+    assert [(c.seeds, [a.name for a in c.arms]) for c in config.collect] == [
+        ((100, 101), ["keep-all", "mask-observations"]), ((102, 103), ["keep-all"])]
+    quick = load_sft_config(tmp_path / "sft.toml", quick=True)
+    assert [c.seeds for c in quick.collect] == [(100,), (102,)]
+
+
+def test_held_out_seeds_are_checked_against_every_collection(tmp_path):
+    with pytest.raises(ConfigError, match=r"sft\.toml: eval_seeds \[103\] are also training seeds of more\.toml"):
+        load_sft_config(write_two_collections(tmp_path, eval_seeds="[0, 103]"))
+
+
+@pytest.mark.parametrize("collect", ['[]', '["collect.toml", "collect.toml"]', '3', '["collect.toml", 3]'])
+def test_a_bad_collect_value_is_named(tmp_path, collect):
+    path = write_configs(tmp_path)
+    path.write_text(path.read_text().replace('collect = "collect.toml"', f"collect = {collect}"))
+    with pytest.raises(ConfigError, match=r"sft\.toml: collect is .*; expected the expert ablation config \(a \.toml "
+                                          r"path\) or a list of distinct ones"):
+        load_sft_config(path)
+
+
+def test_pooled_collections_run_into_their_own_folders(tmp_path):
+    """Each collection runs into its folder (`expert`, `expert-2`); the pooled samples are each one's, in order."""
+    from ctxkit.experiment.runner import read_rows
+    from ctxkit.integrations.sft import collect_samples, expert_folder
+    from ctxkit.training.episode_samples import samples
+
+    config = load_sft_config(write_two_collections(tmp_path), quick=True)
+    found, episodes, _ = collect_samples(config, tmp_path / "run", progress=False)
+    folders = [expert_folder(tmp_path / "run", i) for i in range(2)]
+    assert [f.name for f in folders] == ["expert", "expert-2"]
+    rows = [sorted(read_rows(f), key=lambda r: (r["arm"], r["task"], r["seed"])) for f in folders]
+    assert [[(r["arm"], r["seed"]) for r in rs] for rs in rows] == [
+        [("keep-all", 100), ("mask-observations", 100)], [("keep-all", 102)]]
+    each = [s for f, rs in zip(folders, rows) for r in rs for s in samples(f / r["log"])]
+    assert episodes == 3 and [s.token_ids for s in found] == [s.token_ids for s in each] and found
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -106,9 +154,10 @@ def test_lora_table_and_the_shipped_configs():
     tokenizer_dir("smollm2-135m-instruct")  # the shipped collection renders for SmolLM2
     shipped_full = load_sft_config(REPO_ROOT / "experiments" / "sft.toml")
     assert shipped_full.train.lora is None
-    validate(shipped_full.collect)  # every task, arm and opening context of the expert grid builds
+    for collect in shipped_full.collect:
+        validate(collect)  # every task, arm and opening context of the expert grid builds
     shipped = load_sft_config(REPO_ROOT / "experiments" / "sft.toml", quick=True)
-    assert shipped.collect.seeds == (100,) and set(shipped.eval_seeds).isdisjoint(range(100, 106))
+    assert [c.seeds for c in shipped.collect] == [(100,)] and set(shipped.eval_seeds).isdisjoint(range(100, 106))
     assert LoraSpec().target_modules == ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
@@ -132,7 +181,7 @@ def tiny_run(tmp_path_factory):
 
     folder = tmp_path_factory.mktemp("sft")
     config = load_sft_config(write_configs(folder))
-    config = dataclasses.replace(config, collect=dataclasses.replace(config.collect, seeds=(100,)))
+    config = dataclasses.replace(config, collect=(dataclasses.replace(config.collect[0], seeds=(100,)),))
     return config, run_sft(config, folder / "run", progress=False)
 
 
