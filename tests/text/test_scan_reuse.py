@@ -29,6 +29,18 @@ FORWARD = "{% set ns = namespace(last=-1) %}" + FORWARD_SCAN + MAIN
 REVERSE = "{% set ns = namespace(looking=true, last=messages|length - 1) %}" + REVERSE_SCAN + MAIN
 """Qwen3's shape: walking `messages[::-1]` until the first such message, a flag cleared there."""
 NS = "{% set ns = namespace(looking=true, last=-1) %}"
+TEXT = ("{% set count = namespace(n=0) %}{% macro text(c, counting, system=false) %}{% if c is string %}{{ c }}"
+        "{% else %}{% for item in c %}{% if system %}{{ raise_exception('no images') }}{% endif %}"
+        "{% if counting %}{% set count.n = count.n + 1 %}{% endif %}{% if numbered %}Picture {{ count.n }}: {% endif %}"
+        "<img>{% endfor %}{% endif %}{% endmacro %}")
+"""Qwen 3.5's content macro: it counts images in a namespace only when told to (`counting`)."""
+MACRO_SCAN = ("{% for m in messages[::-1] %}{% set index = (messages|length - 1) - loop.index0 %}"
+              "{% if ns.looking and m.role == 'user' %}{% set t = text(m.content, false)|trim %}"
+              "{% if not t.startswith('#') %}{% set ns.looking = false %}{% set ns.last = index %}{% endif %}"
+              "{% endif %}{% endfor %}")
+MACRO_MAIN = MAIN.replace("{{ message.content }}", "{{ text(message.content, true) }}")
+MACRO = TEXT + "{% set ns = namespace(looking=true, last=messages|length - 1) %}" + MACRO_SCAN + MACRO_MAIN
+"""Qwen 3.5's shape: the backward walk calls the macro without counting; the main loop counts."""
 
 
 @pytest.mark.parametrize("source,shapes", [
@@ -67,8 +79,32 @@ def test_scans_accepted_and_refused(source, shapes):
     assert [(s.reverse, s.flag) for s in plan.scans] == shapes
 
 
+@pytest.mark.parametrize("source,accepted", [
+    (MACRO, True),
+    # the scan counts, a call before the scan counts, the macro reads the prompt flag (it differs between
+    # renders) or the clock
+    (MACRO.replace("text(m.content, false)", "text(m.content, true)"), False),
+    (MACRO.replace("{% set ns = namespace(", "{{ text(messages[0].content, true) }}{% set ns = namespace("), False),
+    (MACRO.replace("{% if numbered %}", "{% if add_generation_prompt %}"), False),
+    (MACRO.replace("<img>", "<img>{{ strftime_now('%d') }}"), False),
+    # the macro sets its argument again before the branch; the namespace it reads is written outside a macro
+    # before the scan
+    (MACRO.replace("{% for item in c %}", "{% set counting = true %}{% for item in c %}"), False),
+    (MACRO.replace("{% set ns = namespace(", "{% set count.n = 2 %}{% set ns = namespace("), False),
+])
+def test_a_macro_the_scan_calls_is_judged_as_called(source, accepted):
+    """A macro that writes a namespace in a branch its argument decides is pure where the call passes that
+    argument as a false constant, if nothing that can run before the scan ends takes that branch; the
+    variables it reads must be ones every render gets alike (never set by the template: `numbered` here), and
+    it may call nothing but `raise_exception`."""
+    plan = reuse_plan(source)
+    assert plan.ok, plan.reason
+    assert [(s.reverse, s.flag) for s in plan.scans] == ([(True, ("ns", "looking"))] if accepted else [])
+
+
 def test_shipped_templates_with_scans():
-    """Which stock templates get resumed scans (Qwen 3.5 / 3.6 call a macro that may count images: refused)."""
+    """Which stock templates get resumed scans (Qwen 3.5 / 3.6 / 3.8 call their content macro without counting
+    images; Qwen3-VL has no such scan)."""
     from conftest import require_module
 
     require_module("trl")
@@ -78,7 +114,8 @@ def test_shipped_templates_with_scans():
     found = {f.name[:-6]: [(s.reverse, s.flag) for s in reuse_plan(f.read_text()).scans]
              for f in folder.iterdir() if f.name.endswith(".jinja") and not f.name.endswith("_training.jinja")}
     assert {k: v for k, v in found.items() if v} == {
-        "deepseek_r1_distill": [(False, None)], "glm4moe": [(False, None)], "qwen3": [(True, ("ns", "multi_step_tool"))],
+        "deepseek_r1_distill": [(False, None)], "glm4moe": [(False, None)], **{f: [(True, ("ns", "multi_step_tool"))] for f in ("qwen3", "qwen3_5_nothink", "qwen3_5_think", "qwen3_6",
+                                                           "qwen3_8")},
         **{f: [(False, None), (False, None)] for f in ("nemotron_3_5_lightning", "nemotron_3_nano", "nemotron_3_super",
                                                        "nemotron_3_ultra")}}
 
@@ -102,7 +139,7 @@ def _counting(monkeypatch) -> list[int]:
     return counts
 
 
-@pytest.mark.parametrize("source", [FORWARD, REVERSE])
+@pytest.mark.parametrize("source", [FORWARD, REVERSE, MACRO])
 def test_an_agent_episode_scans_only_the_new_messages(source, tmp_path, monkeypatch):
     """One user query, then tool turns: after the first renders each scan runs the new messages and the last
     match only (3: the call, its result, the query); a new query ends the backward scan at once (a full
@@ -126,7 +163,7 @@ def test_an_agent_episode_scans_only_the_new_messages(source, tmp_path, monkeypa
             held, add_generation_prompt=True)
         ran = counts[before:]
         if i == 8:  # the query moves the last match: the namespace the main loop reads changed, a whole render follows
-            assert ran == [1 if source == REVERSE else len(turn) + 1, len(held) if source == FORWARD else 1], ran
+            assert ran == [1 if source != FORWARD else len(turn) + 1, len(held) if source == FORWARD else 1], ran
         elif i >= 3:
             assert ran == [len(turn) + 1], (i, ran)
     assert inc.reuse_renders >= 9
@@ -139,7 +176,7 @@ def test_resumed_scans_equal_full_renders(tmp_path_factory, roles, cuts, agps):
     """Hypothesis over role sequences (user messages that do and do not count), appends, cuts below and above
     the last match, and prompt flags: every render of both shapes equals the plain template's text."""
     tok = _tok()
-    for name, source in (("forward", FORWARD), ("reverse", REVERSE)):
+    for name, source in (("forward", FORWARD), ("reverse", REVERSE), ("macro", MACRO)):
         path = tmp_path_factory.getbasetemp() / f"scan-{name}.jinja"
         path.write_text(source)
         plain = load_template(str(path), tok)

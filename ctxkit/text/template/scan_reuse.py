@@ -12,8 +12,10 @@ over `messages` (or an alias, `iteration_reuse`) of one of two shapes:
   inside it) and whose writes sit in one block that also sets `ns.F` to a false constant; the first match
   in that order, the last in the list's, wins. `ns` is made once at the top level with `F` true.
 
-In both, the test reads only the message (its attributes, filters, tests, string methods, macros that read
-only their arguments, literals, the renderer's constants), the block writes only attributes of namespaces,
+In both, the test reads only the message (its attributes, filters, tests, string methods, literals, the
+renderer's constants, and macros that, called with the scan's constant arguments, read only those, render
+variables the template never sets, and namespaces nothing writes before the scan ends: Qwen 3.5 counts images
+in its content macro only when an argument the scan passes as `false` says so), the block writes only attributes of namespaces,
 from the message, the loop's `index0` / `index` and `L|length` (integer arithmetic: it cannot fail), and
 nothing in the loop prints. So an iteration whose message fails the test does nothing, and the loop's whole
 effect is the block run at the largest matching index `j`. A marked render (`iteration_reuse`) records `j`
@@ -69,7 +71,8 @@ def last_match_scans(tree, main, nodes, lists: tuple[str, ...], fixed: frozenset
     for at, stmt in enumerate(tree.body):
         if stmt is main:
             break
-        if isinstance(stmt, nodes.For) and (shape := _shape(stmt, nodes, lists, fixed, macros, made)) is not None:
+        if isinstance(stmt, nodes.For) and (shape := _shape(stmt, nodes, lists, fixed, macros, made,
+                                                            _Context(tree, at, made))) is not None:
             out.append(LastMatchScan(at, *shape))
     return tuple(out)
 
@@ -88,14 +91,14 @@ def _namespaces_made_once(tree, nodes) -> dict[str, Any]:
             and isinstance(a.node, nodes.Call) and isinstance(a.node.node, nodes.Name) and a.node.node.name == "namespace"}
 
 
-def _shape(loop, nodes, lists, fixed, macros, made) -> tuple[bool, tuple[str, str] | None] | None:
+def _shape(loop, nodes, lists, fixed, macros, made, where) -> tuple[bool, tuple[str, str] | None] | None:
     """`(reverse, flag)` when `loop` is a scan of the module docstring's shapes, else None."""
     if loop.recursive or loop.test is not None or loop.else_ or not isinstance(loop.target, nodes.Name):
         return None
     reverse = _reversed_list(loop.iter, nodes, lists)
     if not reverse and not (isinstance(loop.iter, nodes.Name) and loop.iter.name in lists):
         return None
-    check = _Check(nodes, loop.target.name, fixed, macros, lists)
+    check = _Check(nodes, loop.target.name, fixed, macros, lists, where)
     if not check.block(loop.body, top=reverse) or len(check.commits) != 1:
         return None
     if not reverse:
@@ -123,11 +126,58 @@ def _minus_one(n, nodes) -> bool:
     return isinstance(n, nodes.Const) and type(n.value) is int and n.value == -1
 
 
+@dataclass(frozen=True)
+class _Context:
+    """Where a scan sits: the parsed template, the scan's index in its top-level body, the namespaces made once."""
+
+    tree: Any
+    at: int
+    made: dict
+
+
+def _decided(test, nodes, bound: dict[str, bool]) -> bool | None:
+    """The truth of an `if` test that is a macro argument bound to a constant (or its `not`), else None."""
+    if isinstance(test, nodes.Not):
+        inner = _decided(test.node, nodes, bound)
+        return None if inner is None else not inner
+    if isinstance(test, nodes.Name) and test.ctx == "load":
+        return bound.get(test.name)
+    return None
+
+
+def _live(node, nodes, bound: dict[str, bool]):
+    """`node` and every node under it that can run when the macro arguments in `bound` have those truth values
+    (an `if` decided by one keeps only the branch taken)."""
+    if isinstance(node, nodes.If) and (taken := _decided(node.test, nodes, bound)) is not None:
+        branch = node.body if taken else ([nodes.If(node.elif_[0].test, node.elif_[0].body, node.elif_[1:], node.else_)]
+                                          if node.elif_ else node.else_)
+        for child in branch:
+            yield from _live(child, nodes, bound)
+        return
+    yield node
+    for child in node.iter_child_nodes():
+        yield from _live(child, nodes, bound)
+
+
+def _binding(macro, call, nodes) -> dict[str, bool]:
+    """The truth values of `macro`'s arguments that `call` (or the macro's defaults) gives as constants."""
+    names = [a.name for a in macro.args]
+    values = dict(zip(names[len(names) - len(macro.defaults):], macro.defaults))
+    values.update(zip(names, call.args))
+    values.update((kw.key, kw.value) for kw in call.kwargs if kw.key in names)
+    if call.dyn_args is not None or call.dyn_kwargs is not None:
+        return {}
+    stored = {n.name for n in macro.find_all(nodes.Name) if n.ctx == "store"}  # an argument set again is not bound
+    return {k: bool(v.value) for k, v in values.items() if isinstance(v, nodes.Const) and k not in stored}
+
+
 class _Check:
     """Walks a scan's body: its statements, the one block that writes namespaces, and what each expression reads."""
 
-    def __init__(self, nodes, target: str, fixed: frozenset[str], macros: dict, lists: tuple[str, ...]):
+    def __init__(self, nodes, target: str, fixed: frozenset[str], macros: dict, lists: tuple[str, ...],
+                 where: _Context | None = None):
         self.nodes, self.target, self.fixed, self.macros, self.lists = nodes, target, fixed, macros, lists
+        self.where = where
         self.message_locals: set[str] = set()
         """Locals computed from the message only (a test may read them)."""
         self.index_locals: set[str] = set()
@@ -206,30 +256,77 @@ class _Check:
 
     def about_message(self, n, allow_index: bool = False) -> bool:
         """An expression that reads only the message, message locals (and position locals with `allow_index`),
-        literals, the renderer's constants and macros that read only their arguments."""
+        literals, the renderer's constants and macros that, called so, read only their arguments."""
         nodes = self.nodes
+        calls = [c for c in n.find_all(nodes.Call) if isinstance(c.node, nodes.Name)]
+        called = {id(c.node) for c in calls}
         for name in n.find_all(nodes.Name):
             ok = (name.name == self.target or name.name in self.message_locals or name.name in self.fixed
-                  or allow_index and name.name in self.index_locals or name.name in self.macros and self._pure(name.name))
+                  or allow_index and name.name in self.index_locals
+                  or name.name in self.macros and (id(name) in called or self._pure(name.name)))
             if name.ctx != "load" or not ok:
                 return False
         # a name called must be a macro (a global may read the clock); the names read above exclude the list
-        return all(not isinstance(c.node, nodes.Name) or c.node.name in self.macros for c in n.find_all(nodes.Call))
+        return all(c.node.name in self.macros and self._pure(c.node.name, _binding(self.macros[c.node.name], c, nodes))
+                   for c in calls)
 
-    def _pure(self, name: str, seen: frozenset[str] = frozenset()) -> bool:
-        """A macro that reads only its arguments, literals, constants and other such macros, and writes nothing."""
+    def _pure(self, name: str, bound: dict[str, bool] | None = None, seen: frozenset[str] = frozenset()) -> bool:
+        """A macro that, with its arguments' constant truth values `bound`, reads only its arguments, literals,
+        constants, render variables the template never sets, namespaces nothing writes before the scan ends
+        (`_frozen`) and other such macros, writes nothing, and calls only those and `raise_exception`."""
         nodes = self.nodes
         macro = self.macros[name]
-        own = {a.name for a in macro.args} | {n.name for n in macro.find_all(nodes.Name) if n.ctx in ("store", "param")}
-        if any(True for _ in macro.find_all((nodes.NSRef, nodes.CallBlock))):
+        live = list(itertools.chain.from_iterable(_live(s, nodes, bound or {}) for s in macro.body))
+        own = {a.name for a in macro.args} | {n.name for n in live if isinstance(n, nodes.Name) and n.ctx in ("store", "param")}
+        if any(isinstance(n, (nodes.NSRef, nodes.CallBlock)) for n in live):
             return False
-        for n in macro.find_all(nodes.Name):
-            if n.ctx != "load" or n.name in own or n.name in self.fixed or n.name in ("loop", "caller", "varargs", "kwargs"):
+        for n in live:
+            if not isinstance(n, nodes.Name) or n.ctx != "load" or n.name in own or n.name in self.fixed or n.name in (
+                    "loop", "caller", "varargs", "kwargs", "raise_exception"):
                 continue
-            if n.name not in self.macros or n.name in seen or not self._pure(n.name, seen | {name}):
+            if n.name in self.macros:
+                if n.name in seen or not self._pure(n.name, None, seen | {name}):
+                    return False
+            elif not (self._unset(n.name) or self._frozen(n.name)):
                 return False
-        for call in macro.find_all(nodes.Call):
-            if isinstance(call.node, nodes.Name) and call.node.name not in self.macros and call.node.name not in own:
+        for call in live:
+            if (isinstance(call, nodes.Call) and isinstance(call.node, nodes.Name) and call.node.name not in own
+                    and call.node.name != "raise_exception"):
+                if call.node.name not in self.macros:
+                    return False
+        return True
+
+    def _unset(self, name: str) -> bool:
+        """A render variable every render gets alike: never assigned in the template, not the messages, not the
+        generation-prompt flag (undefined, or given by the template's variables)."""
+        if self.where is None or name in self.lists or name in ("messages", "add_generation_prompt"):
+            return False
+        nodes = self.nodes
+        return not any(n.name == name and n.ctx != "load" for n in self.where.tree.find_all(nodes.Name))
+
+    def _frozen(self, name: str) -> bool:
+        """A namespace made once at the top level whose every write is inside a macro, in a branch that no call
+        which can run before the scan ends takes (Qwen 3.5 counts images only when `do_vision_count`, which the
+        scan and the system message's render pass as false): it holds what it was made with during the scan."""
+        where, nodes = self.where, self.nodes
+        if where is None or name not in where.made:
+            return False
+        writers = {m.name for m in where.tree.find_all(nodes.Macro)
+                   if any(r.name == name for r in m.find_all(nodes.NSRef))}
+        if any(r.name == name for stmt in where.tree.body[: where.at + 1] if not isinstance(stmt, nodes.Macro)
+               for r in stmt.find_all(nodes.NSRef)):
+            return False  # written outside a macro before the scan or by it
+        later = {id(c) for stmt in where.tree.body[where.at + 1:] if not isinstance(stmt, nodes.Macro)
+                 for c in stmt.find_all(nodes.Call)}
+        for call in where.tree.find_all(nodes.Call):
+            if id(call) in later or not (isinstance(call.node, nodes.Name) and call.node.name in writers):
+                continue
+            macro = self.macros.get(call.node.name)
+            if macro is None:
+                return False
+            bound = _binding(macro, call, nodes)
+            live = itertools.chain.from_iterable(_live(s, nodes, bound) for s in macro.body)
+            if any(isinstance(n, nodes.NSRef) and n.name == name for n in live):
                 return False
         return True
 
