@@ -266,6 +266,26 @@ def test_gemma4_v5_reply_right_after_moved_content(harness):
         inc.render()
 
 
+def test_qwen3_5_turn_whose_first_newline_joins_the_prompt_keeps_its_sampled_ids(harness):
+    """Qwen 3.5's prompt ends `<think>\n` and the rendered turn's next `\n` joins it in one token (`\n\n`), so the
+    turn starts inside a rendered token. Sampled ids equal to the render from the next token on are the render:
+    ids equal `apply_chat_template` (a first version of the straddle refusal refused them)."""
+    from ctxkit.text.rendering.renderer import IncrementalRenderer, encode_assistant_turn
+
+    tok, hf, _ = harness.load("qwen3_5_think")
+    msgs = [{"role": "user", "content": "Fix the build."}, {"role": "assistant", "content": "Done."}]
+    inc = IncrementalRenderer(tok, special_tokens="allow")
+    inc.append(msgs[0])
+    prompt = inc.render(add_generation_prompt=True)
+    assert tok.decode(prompt.token_ids).endswith("<|im_start|>assistant\n<think>\n")
+    sampled = list(encode_assistant_turn(msgs[1], tok, inc.template))
+    assert tok.decode(sampled).startswith("</think>\n\nDone.")
+    inc.append(dict(msgs[1], token_ids=sampled))
+    ctx = inc.render()
+    assert list(ctx.token_ids) == list(hf.apply_chat_template(msgs, tokenize=True, return_dict=False))
+    assert [t for t, m in zip(ctx.token_ids, ctx.loss_mask) if m] == sampled and not ctx.drifts
+
+
 def test_locating_a_turn_takes_the_render_before_it_from_the_last_turn(harness, monkeypatch):
     """Gemma 4 is rendered whole every turn (its loop reads other messages), and its turns are located from
     prefix renders: the render of the messages before a new turn with the prompt is the last turn's context,

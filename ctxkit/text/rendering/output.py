@@ -203,7 +203,9 @@ def _substitute(st: RenderState, produced: list, eot_id: int | None, cut: int, s
     rendered token `cut` with cumulative `shift`), extending `st.out`; return the new `st.out_at`. With
     `template_history`, a turn whose drift is `thinking_stripped` keeps the template's render instead.
     A turn whose first character is inside a rendered token (the template writes it right after text the
-    tokenizer merges with it) is refused: its ids would repeat that token's text."""
+    tokenizer merges with it: Qwen 3.5's prompt ends `<think>\n` and the turn's `\n` joins it as `\n\n`) keeps
+    the render when its sampled ids are the rendered ones from the next token on, and is refused when they
+    differ: other ids put there may repeat that token's text."""
     ids, mask, roles = st.ids, st.mask, st.roles
     subs = st.subs
     sub_ends, sub_shift, sub_index, drift_at = st.sub_cols
@@ -215,8 +217,6 @@ def _substitute(st: RenderState, produced: list, eot_id: int | None, cut: int, s
     for r in produced:
         sampled = st.sampled[r.index]
         a, z = r.tokens
-        if st.starts[a] != r.start:
-            raise RenderError(_straddled(st, r, template_id))
         rendered = ids[a:z]
         n = z - a
         sub_ends.append(z)
@@ -236,6 +236,8 @@ def _substitute(st: RenderState, produced: list, eot_id: int | None, cut: int, s
             subs.append(Sub(r.index, a, z, a + shift, z + shift, shift, None))
             sub_shift.append(shift)
             continue
+        if reason is not None and st.starts[a] != r.start:
+            raise RenderError(_straddled(st, r, template_id))
         out_ids, out_mask, out_roles = list(sampled), [1] * len(sampled), ["assistant"] * len(sampled)
         if finished_by_length:
             out_ids.append(eot_id)
