@@ -91,7 +91,7 @@ class SftConfig:
     collect: tuple[ExperimentConfig, ...]
     """The expert ablations, pooled: their agents, tasks, arms and (training) seeds make the episodes trained on."""
     eval_seeds: tuple[int, ...]
-    """Held-out seeds for evaluation, disjoint from `collect.seeds`."""
+    """Held-out seeds for evaluation, disjoint from every collection's seeds."""
     model: str | None
     """Model to fine-tune (a folder or `.gguf` file); None is the default SmolLM2-135M-Instruct."""
     train: TrainSpec

@@ -198,7 +198,7 @@ def _kept_subs(st: RenderState, changed: int) -> list:
 
 
 def _substitute(st: RenderState, produced: list, eot_id: int | None, cut: int, shift: int,
-                classify: Classify | None = None, template_history: bool = False, template_id: str = "") -> int:
+                classify: Classify | None, template_history: bool, template_id: str) -> int:
     """Put the sampled ids of the `produced` regions in place (after the kept substitutions, which end at
     rendered token `cut` with cumulative `shift`), extending `st.out`; return the new `st.out_at`. With
     `template_history`, a turn whose drift is `thinking_stripped` keeps the template's render instead.

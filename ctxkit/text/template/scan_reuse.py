@@ -71,7 +71,7 @@ def last_match_scans(tree, main, nodes, lists: tuple[str, ...], fixed: frozenset
     for at, stmt in enumerate(tree.body):
         if stmt is main:
             break
-        if isinstance(stmt, nodes.For) and (shape := _shape(stmt, nodes, lists, fixed, macros, made,
+        if isinstance(stmt, nodes.For) and (shape := _shape(stmt, nodes, lists, fixed, macros,
                                                             _Context(tree, at, made))) is not None:
             out.append(LastMatchScan(at, *shape))
     return tuple(out)
@@ -91,7 +91,7 @@ def _namespaces_made_once(tree, nodes) -> dict[str, Any]:
             and isinstance(a.node, nodes.Call) and isinstance(a.node.node, nodes.Name) and a.node.node.name == "namespace"}
 
 
-def _shape(loop, nodes, lists, fixed, macros, made, where) -> tuple[bool, tuple[str, str] | None] | None:
+def _shape(loop, nodes, lists, fixed, macros, where) -> tuple[bool, tuple[str, str] | None] | None:
     """`(reverse, flag)` when `loop` is a scan of the module docstring's shapes, else None."""
     if loop.recursive or loop.test is not None or loop.else_ or not isinstance(loop.target, nodes.Name):
         return None
@@ -104,9 +104,9 @@ def _shape(loop, nodes, lists, fixed, macros, made, where) -> tuple[bool, tuple[
     if not reverse:
         return False, None
     flag = check.guard
-    if flag is None or flag[0] not in made or sum(isinstance(s, nodes.If) for s in loop.body) != 1:
+    if flag is None or flag[0] not in where.made or sum(isinstance(s, nodes.If) for s in loop.body) != 1:
         return None  # the guarded `if` must be the body's only one: nothing runs once the flag is clear
-    start = next((kw.value for kw in made[flag[0]].kwargs if kw.key == flag[1]), None)
+    start = next((kw.value for kw in where.made[flag[0]].kwargs if kw.key == flag[1]), None)
     clears = any((a.target.name, a.target.attr) == flag and isinstance(a.node, nodes.Const)
                  and (a.node.value is False or a.node.value is None) for a in check.commits[0])
     if not (isinstance(start, nodes.Const) and start.value is True and clears):
@@ -175,7 +175,7 @@ class _Check:
     """Walks a scan's body: its statements, the one block that writes namespaces, and what each expression reads."""
 
     def __init__(self, nodes, target: str, fixed: frozenset[str], macros: dict, lists: tuple[str, ...],
-                 where: _Context | None = None):
+                 where: _Context):
         self.nodes, self.target, self.fixed, self.macros, self.lists = nodes, target, fixed, macros, lists
         self.where = where
         self.message_locals: set[str] = set()
@@ -289,17 +289,13 @@ class _Check:
                     return False
             elif not (self._unset(n.name) or self._frozen(n.name)):
                 return False
-        for call in live:
-            if (isinstance(call, nodes.Call) and isinstance(call.node, nodes.Name) and call.node.name not in own
-                    and call.node.name != "raise_exception"):
-                if call.node.name not in self.macros:
-                    return False
-        return True
+        return not any(isinstance(c, nodes.Call) and isinstance(c.node, nodes.Name) and c.node.name not in own
+                       and c.node.name != "raise_exception" and c.node.name not in self.macros for c in live)
 
     def _unset(self, name: str) -> bool:
         """A render variable every render gets alike: never assigned in the template, not the messages, not the
         generation-prompt flag (undefined, or given by the template's variables)."""
-        if self.where is None or name in self.lists or name in ("messages", "add_generation_prompt"):
+        if name in self.lists or name in ("messages", "add_generation_prompt"):
             return False
         nodes = self.nodes
         return not any(n.name == name and n.ctx != "load" for n in self.where.tree.find_all(nodes.Name))
@@ -309,7 +305,7 @@ class _Check:
         which can run before the scan ends takes (Qwen 3.5 counts images only when `do_vision_count`, which the
         scan and the system message's render pass as false): it holds what it was made with during the scan."""
         where, nodes = self.where, self.nodes
-        if where is None or name not in where.made:
+        if name not in where.made:
             return False
         writers = {m.name for m in where.tree.find_all(nodes.Macro)
                    if any(r.name == name for r in m.find_all(nodes.NSRef))}
