@@ -252,6 +252,22 @@ def test_the_long_context_data_adds_uncompressed_episodes_on_more_training_seeds
     assert ev.seeds == long.eval_seeds and not set(ev.seeds) & {s for c in long.collect for s in c.seeds}
 
 
+def test_the_rest_of_the_grid_with_the_long_policy_pairs_each_arm_with_its_own_reference():
+    """lm_ablation_long_grid.toml: lm_ablation_long's seeds, tasks, limits, policy and keep-all reference, with the
+    whole grid's three arms lm_ablation_long leaves out (same compressors and params), so the two runs hold all
+    seven arms."""
+    tokenizer_dir("smollm2-135m-instruct")
+    long = load_config(REPO / "experiments" / "lm_ablation_long.toml")
+    rest = load_config(REPO / "experiments" / "lm_ablation_long_grid.toml")
+    grid = load_config(REPO / "experiments" / "lm_ablation_grid_48.toml")
+    validate(rest)
+    assert (rest.seeds, rest.tasks, rest.limits, rest.agents, rest.template, rest.baseline) == (
+        long.seeds, long.tasks, long.limits, long.agents, long.template, long.baseline)
+    assert rest.arms == (long.arms[0], *grid.arms[4:])
+    assert [a.name for a in rest.arms[1:]] == ["truncate-then-window-v2", "summarize-then-window", "retrieve"]
+    assert {a.name for a in long.arms} | {a.name for a in rest.arms} == {a.name for a in grid.arms}
+
+
 def test_parse_config_defaults():
     cfg = parse_config({"tokenizer": "tiktoken:cl100k_base", "tasks": {"multi-hop": {}},
                         "arms": [{"name": "k", "compressor": "keep-all"}]})

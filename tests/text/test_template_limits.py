@@ -9,6 +9,7 @@ raised and how much its peak memory grew.
 from __future__ import annotations
 
 import json
+import re
 import os
 import resource
 import subprocess
@@ -204,3 +205,43 @@ def test_tojson_keeps_the_text_per_container_and_options():
     assert tojson(args, indent=2) == '{\n  "cmd": "ls -l",\n  "n": [\n    1,\n    2\n  ]\n}'
     assert tojson(args, separators=[",", ":"]) == '{"cmd":"ls -l","n":[1,2]}'  # unhashable options: not kept
     assert tojson({"cmd": "ls -l", "n": [1, 2]}, sort_keys=True) == '{"cmd": "ls -l", "n": [1, 2]}'
+
+
+FAST_PATHS = [
+    # a public str attribute (methods, through a loop: Jinja passes `_loop_vars` to calls made there)
+    ("{% for m in messages %}{{ m.content.strip().upper() }}|{{ m.content.startswith('h') }}|"
+     "{{ m.content.split(' ') | length }}|{{ m.content.nope is defined }}{% endfor %}",
+     "HI THERE|False|4|FalseIF IT FITS|False|3|False"),
+    # a macro called in a loop and from a macro; a dict view's method
+    ("{% macro q(x) %}<{{ x.replace('i', 'I') }}>{% endmacro %}{% macro w(x) %}[{{ q(x) }}]{% endmacro %}"
+     "{% for m in messages %}{{ w(m.content) }}{% for k, v in m.items() %}{{ k }}{% endfor %}{% endfor %}",
+     "[< hI there >]rolecontent[<If It fIts>]rolecontent"),
+    # str.format and format_map stay wrapped by the sandbox's formatter
+    ("{{ '{}-{}'.format(messages[0].content, 2) }}{{ '{a}'.format_map({'a': 1}) }}", " hi there -21"),
+]
+
+
+@pytest.mark.parametrize("source, text", FAST_PATHS, ids=["str-attributes", "macros", "format"])
+def test_sandbox_fast_paths_render_as_jinjas_own_sandbox(source, text, tmp_path):
+    """The sandbox's shortcuts (a plain str's public attributes, calls of built-in methods and macros) give the
+    text Jinja's `ImmutableSandboxedEnvironment` gives, and what it refuses stays refused."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    messages = [{"role": "user", "content": " hi there "}, {"role": "assistant", "content": "if it fits"}]
+    path = tmp_path / "t.jinja"
+    path.write_text(source)
+    jinja = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(source)
+    assert jinja.render(messages=messages) == text
+    assert load_template(str(path), load_tokenizer(CL100K)).render_text(messages) == text
+
+
+@pytest.mark.parametrize("source, what", [
+    ("{{ messages[0].content.__class__ }}", "access to attribute '__class__' of 'str' object is unsafe"),
+    ("{{ '{0.__class__}'.format(messages[0].content) }}", "access to attribute '__class__' of 'str' object is unsafe"),
+    ("{{ messages[0].content.ljust(100000000) }}", "render limit max_length=16000000 exceeded: str.ljust"),
+])
+def test_sandbox_fast_paths_keep_the_refusals(source, what, tmp_path):
+    path = tmp_path / "t.jinja"
+    path.write_text(source)
+    with pytest.raises(TemplateError, match=re.escape(what)):
+        load_template(str(path), load_tokenizer(CL100K)).render_text([{"role": "user", "content": "hi"}])

@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import itertools
 import threading
+import types
 from datetime import datetime
 from typing import Any
 
@@ -78,7 +79,7 @@ def _build_environment():
     from jinja2 import nodes  # lazy: jinja2 loads on first use
     from jinja2.compiler import CodeGenerator  # lazy: jinja2 loads on first use
     from jinja2.ext import Extension  # lazy: jinja2 loads on first use
-    from jinja2.runtime import LoopContext  # lazy: jinja2 loads on first use
+    from jinja2.runtime import LoopContext, Macro  # lazy: jinja2 loads on first use
     # lazy: jinja2 loads on first use
     from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedEscapeFormatter, SandboxedFormatter
     from jinja2.utils import Namespace, generate_lorem_ipsum  # lazy: jinja2 loads on first use
@@ -159,11 +160,16 @@ def _build_environment():
 
     dict_names = frozenset(dir(dict))
     loop_names = frozenset(n for n in dir(LoopContext) if not n.startswith("_"))
+    str_formats = frozenset({"format", "format_map"})  # wrapped by `wrap_str_format`
+    # Callables Jinja's sandbox always lets through and calls plainly: built-in methods (of the values a
+    # template can reach: str, dict views; list's mutators are refused at attribute access) and macros,
+    # neither of which can carry a `pass_context`-style marker or an `unsafe_callable` flag.
+    direct_calls = frozenset({types.BuiltinMethodType, Macro})
 
     class Sandbox(ImmutableSandboxedEnvironment):
-        """The sandbox transformers uses, with the limits of the module docstring and three fast paths
-        that give the same results: an item of a plain dict (what templates receive), a public
-        attribute of `loop` and one of a namespace."""
+        """The sandbox transformers uses, with the limits of the module docstring and fast paths that give
+        the same results: an item of a plain dict (what templates receive), a public attribute of `loop`, of
+        a namespace or of a plain str, and a call of a built-in method or a macro."""
 
         intercepted_binops = frozenset({"*", "+", "%", "**"})
         code_generator_class = LimitedCodeGenerator
@@ -183,6 +189,11 @@ def _build_environment():
                     return self.undefined(obj=obj, name=attribute)
             if type(obj) is TemplateNamespace and attribute[:1] != "_":  # what Jinja's checks let through
                 try:
+                    return getattr(obj, attribute)
+                except AttributeError:
+                    return self.undefined(obj=obj, name=attribute)
+            if type(obj) is str and attribute[:1] != "_" and attribute not in str_formats:
+                try:  # every public attribute of a plain str passes Jinja's checks
                     return getattr(obj, attribute)
                 except AttributeError:
                     return self.undefined(obj=obj, name=attribute)
@@ -221,7 +232,16 @@ def _build_environment():
                 args = check_str_method(__obj, args, kwargs)
             budget.depth += 1
             try:
-                result = super().call(__context, __obj, *args, **kwargs)
+                if type(__obj) in direct_calls:  # what Jinja's `Context.call` does for them, without its checks
+                    kwargs.pop("_block_vars", None)
+                    kwargs.pop("_loop_vars", None)
+                    try:
+                        result = __obj(*args, **kwargs)
+                    except StopIteration:
+                        result = __self.undefined("value was undefined because a callable raised a StopIteration "
+                                                  "exception")
+                else:
+                    result = super().call(__context, __obj, *args, **kwargs)
             finally:
                 budget.depth -= 1
             if isinstance(result, _SIZED) and len(result) > cap:
