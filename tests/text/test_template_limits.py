@@ -218,10 +218,13 @@ FAST_PATHS = [
      "[< hI there >]rolecontent[<If It fIts>]rolecontent"),
     # str.format and format_map stay wrapped by the sandbox's formatter
     ("{{ '{}-{}'.format(messages[0].content, 2) }}{{ '{a}'.format_map({'a': 1}) }}", " hi there -21"),
+    # a macro called where autoescape is on gets the caller's eval context (without it, its output is escaped)
+    ("{% macro b(x) %}<{{ x }}>{% endmacro %}{% autoescape true %}{{ b('&') }}{% endautoescape %}{{ b('&') }}",
+     "<&><&>"),
 ]
 
 
-@pytest.mark.parametrize("source, text", FAST_PATHS, ids=["str-attributes", "macros", "format"])
+@pytest.mark.parametrize("source, text", FAST_PATHS, ids=["str-attributes", "macros", "format", "autoescape"])
 def test_sandbox_fast_paths_render_as_jinjas_own_sandbox(source, text, tmp_path):
     """The sandbox's shortcuts (a plain str's public attributes, calls of built-in methods and macros) give the
     text Jinja's `ImmutableSandboxedEnvironment` gives, and what it refuses stays refused."""

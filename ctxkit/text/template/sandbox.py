@@ -161,10 +161,10 @@ def _build_environment():
     dict_names = frozenset(dir(dict))
     loop_names = frozenset(n for n in dir(LoopContext) if not n.startswith("_"))
     str_formats = frozenset({"format", "format_map"})  # wrapped by `wrap_str_format`
-    # Callables Jinja's sandbox always lets through and calls plainly: built-in methods (of the values a
-    # template can reach: str, dict views; list's mutators are refused at attribute access) and macros,
-    # neither of which can carry a `pass_context`-style marker or an `unsafe_callable` flag.
-    direct_calls = frozenset({types.BuiltinMethodType, Macro})
+    # Callables Jinja's sandbox always lets through: built-in methods (of the values a template can reach:
+    # str, dict views; list's mutators are refused at attribute access), which carry no `pass_context`-style
+    # marker or `unsafe_callable` flag, and macros (given the caller's eval context, as Jinja does).
+    builtin_method = types.BuiltinMethodType
 
     class Sandbox(ImmutableSandboxedEnvironment):
         """The sandbox transformers uses, with the limits of the module docstring and fast paths that give
@@ -182,18 +182,10 @@ def _build_environment():
                     return self.undefined(obj=obj, name=attribute)
             if type(obj) is LoopContext and attribute in loop_names:
                 return getattr(obj, attribute)
-            if isinstance(obj, LoopView) and attribute[:1] != "_":
+            # a public attribute of these passes Jinja's checks (str's format methods are wrapped first)
+            if attribute[:1] != "_" and (type(obj) is TemplateNamespace or isinstance(obj, LoopView)
+                                         or type(obj) is str and attribute not in str_formats):
                 try:
-                    return getattr(obj, attribute)
-                except AttributeError:
-                    return self.undefined(obj=obj, name=attribute)
-            if type(obj) is TemplateNamespace and attribute[:1] != "_":  # what Jinja's checks let through
-                try:
-                    return getattr(obj, attribute)
-                except AttributeError:
-                    return self.undefined(obj=obj, name=attribute)
-            if type(obj) is str and attribute[:1] != "_" and attribute not in str_formats:
-                try:  # every public attribute of a plain str passes Jinja's checks
                     return getattr(obj, attribute)
                 except AttributeError:
                     return self.undefined(obj=obj, name=attribute)
@@ -232,9 +224,12 @@ def _build_environment():
                 args = check_str_method(__obj, args, kwargs)
             budget.depth += 1
             try:
-                if type(__obj) in direct_calls:  # what Jinja's `Context.call` does for them, without its checks
+                kind = type(__obj)
+                if kind is builtin_method or kind is Macro:  # what Jinja's `Context.call` does, without its checks
                     kwargs.pop("_block_vars", None)
                     kwargs.pop("_loop_vars", None)
+                    if kind is Macro:  # `Macro.__call__` is `pass_eval_context`: its autoescape is the caller's
+                        args = (__context.eval_ctx, *args)
                     try:
                         result = __obj(*args, **kwargs)
                     except StopIteration:
