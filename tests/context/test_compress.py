@@ -237,7 +237,7 @@ def test_pipeline_composes_in_order(tok):
 
 def test_registry_lists_every_strategy_with_defaults():
     assert set(COMPRESSORS) == {"keep-all", "window", "mask-observations", "truncate-tool-output", "summarize",
-                                "retrieve", "pipeline", "mask-observations-v2", "truncate-tool-output-v2",
+                                "retrieve", "retrieve-v2", "pipeline", "mask-observations-v2", "truncate-tool-output-v2",
                                 "summarize-v2", "mask-then-window", "truncate-then-window", "summarize-then-window",
                                 "mask-observations-v3", "truncate-tool-output-v3", "mask-then-window-v2",
                                 "truncate-then-window-v2"}

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from conftest import require_module, tokenizer_dir
 from ctxkit.context.builder import ContextBuilder, rebuild
 from ctxkit.context.compress import compressor_defaults, make_compressor
-from ctxkit.context.compress.retrieve import BLOCK_HEADER, Retrieve, documents, latest_query
+from ctxkit.context.compress.retrieve import BLOCK_HEADER, Retrieve, RetrieveV2, documents, latest_query
 from ctxkit.context.embeddings import PassageIndex, TextEmbedder, chunk_text
 from ctxkit.errors import BudgetError, ConfigError
 from ctxkit.events import Compaction, EpisodeStart, Message, ToolCall, ToolResult
@@ -254,6 +254,44 @@ def test_short_episode_records_nothing_and_tight_budget_errors(qwen, minilm):
     turn(log2, 0, content=_filler(0, 200))
     with pytest.raises(BudgetError, match="120"):
         tight.build(log2)
+
+
+@pytest.mark.slow
+def test_v2_keeps_fewer_newest_turns_where_v1_fails_the_build(qwen, minilm, tmp_path):
+    # The first two messages and the newest two turns take 470 tokens: over the 450-token budget.
+    def episode(comp, path=None):
+        builder = ContextBuilder(qwen, compressor=comp, budget=450, detect_pins=False)
+        log = EventLog.create(path) if path else MemoryLog()
+        start(log)
+        layouts = []
+        for t in range(3):
+            turn(log, t)
+            ctx = builder.build(log)
+            assert ctx.n_tokens <= 450 and not find_orphans(ctx.view.messages)
+            layouts.append([(m.role, m.provenance.how, m.provenance.event_ids) for m in ctx.view.messages])
+        return log, layouts, ctx
+
+    with pytest.raises(BudgetError, match=r"retrieve-v1: even the first 2 message\(s\), the pinned constraints and "
+                                          r"the newest 2 turn\(s\) take 470 tokens, over the budget of 450"):
+        episode(Retrieve(embedder=CountingModel(minilm), keep_last=2, top_k=1, max_chars_per_item=200))
+    comp = RetrieveV2(embedder=CountingModel(minilm), keep_last=2, top_k=1, max_chars_per_item=200)
+    assert comp.spec.name == "retrieve-v2" and make_compressor("retrieve-v2").spec.name == "retrieve-v2"
+    log, layouts, ctx = episode(comp, tmp_path / "ep.jsonl")
+    ids = [e.id for e in log.events()]
+    head = [("system", "verbatim", (ids[1],)), ("user", "verbatim", (ids[2],))]
+    first_turn = (ids[3], ids[4])  # the turn let go at the second build
+    assert layouts == [
+        head + [("assistant", "verbatim", (ids[3],)), ("tool", "verbatim", (ids[4],))],
+        head + [("user", "retrieved", (ids[4],)), ("assistant", "verbatim", (ids[5],)), ("tool", "verbatim", (ids[6],))],
+        head + [("user", "retrieved", (ids[4],)), ("assistant", "verbatim", (ids[8],)), ("tool", "verbatim", (ids[9],))],
+    ]
+    first, second = compactions(log)
+    assert [(e.kind, e.event_ids) for e in first.edits] == [("drop", first_turn), ("retrieved", (ids[4],))]
+    assert [(e.kind, e.event_ids) for e in second.edits] == [("drop", (ids[5], ids[6])), ("retrieved", (ids[4],))]
+    assert [c.details["keep_last"] for c in (first, second)] == [1, 1]
+    assert [c.details["candidates"] for c in (first, second)] == [2, 4]  # the turns let go are documents
+    reopened = EventLog.open(tmp_path / "ep.jsonl")
+    assert rebuild(reopened.events(), tokenizer=qwen).token_ids == ctx.token_ids
 
 
 @pytest.mark.slow

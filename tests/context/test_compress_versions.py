@@ -112,7 +112,7 @@ def test_v1_with_fallback_none_is_v2_in_all_but_name(setup):
 def test_names_and_versions():
     assert {n: compressor_class(n).VERSION for n in COMPRESSORS} == {
         "keep-all": 1, "window": 1, "mask-observations": 1, "mask-observations-v2": 2, "truncate-tool-output": 1,
-        "truncate-tool-output-v2": 2, "summarize": 1, "summarize-v2": 2, "retrieve": 1, "pipeline": 1,
+        "truncate-tool-output-v2": 2, "summarize": 1, "summarize-v2": 2, "retrieve": 1, "retrieve-v2": 2, "pipeline": 1,
         "mask-then-window": 1, "truncate-then-window": 1, "summarize-then-window": 1, "mask-observations-v3": 3,
         "truncate-tool-output-v3": 3, "mask-then-window-v2": 2, "truncate-then-window-v2": 2}
     for name in ("mask-observations", "truncate-tool-output", "summarize"):

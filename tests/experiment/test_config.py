@@ -268,6 +268,18 @@ def test_the_rest_of_the_grid_with_the_long_policy_pairs_each_arm_with_its_own_r
     assert {a.name for a in long.arms} | {a.name for a in rest.arms} == {a.name for a in grid.arms}
 
 
+def test_retrieve_v2_with_the_long_policy_is_the_grids_retrieve_arm_at_version_2():
+    """lm_ablation_long_retrieve.toml: lm_ablation_long_grid's run with its retrieve arm at version 2 (same params)."""
+    tokenizer_dir("smollm2-135m-instruct")
+    rest = load_config(REPO / "experiments" / "lm_ablation_long_grid.toml")
+    v2 = load_config(REPO / "experiments" / "lm_ablation_long_retrieve.toml")
+    validate(v2)
+    assert (v2.seeds, v2.tasks, v2.limits, v2.agents, v2.template, v2.baseline) == (
+        rest.seeds, rest.tasks, rest.limits, rest.agents, rest.template, rest.baseline)
+    keep_all, retrieve = rest.arms[0], rest.arms[-1]
+    assert v2.arms == (keep_all, dataclasses.replace(retrieve, name="retrieve-v2", compressor="retrieve-v2"))
+
+
 def test_parse_config_defaults():
     cfg = parse_config({"tokenizer": "tiktoken:cl100k_base", "tasks": {"multi-hop": {}},
                         "arms": [{"name": "k", "compressor": "keep-all"}]})

