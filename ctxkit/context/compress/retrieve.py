@@ -186,7 +186,6 @@ class Retrieve(BaseCompressor):
             details["retrieved"] = [{"event_id": h.passage.doc_id, "chunk": h.passage.chunk, "score": h.score} for h in hits]
         return edits, details
 
-
     def _fit(self, request: CompressionRequest, base: View, n_base: int, target: int,
              keep_last: int) -> tuple[list[DropEdit], View, int, int]:
         """`fit_window` keeping the newest `keep_last` groups; with `KEEPS_FEWER`, fewer (down to one) when
